@@ -1,0 +1,142 @@
+// RapidCheck generators of exact inputs for the proof checks. Every value is a Rational with a
+// small numerator and denominator, so it is exactly representable and the checks compare with
+// `==`, no tolerance. Corners (ε = 0, η = 1, α = 1, k = 0) are drawn on purpose.
+#pragma once
+
+#include <ostream>
+#include <sstream>
+
+#include <rapidcheck.h>
+
+#include "kla/ref.hpp"
+
+namespace kla::ref {
+// Counterexamples print as Eigen matrices.
+inline void showValue(const Mat<Rational>& m, std::ostream& os) {
+  os << "[" << m.rows() << "x" << m.cols() << "]\n" << m;
+}
+inline void showValue(const Vec<Rational>& v, std::ostream& os) {
+  os << "[" << v.size() << "] " << v.transpose();
+}
+inline void showValue(const HeadInputs<Rational>& in, std::ostream& os) {
+  os << "HeadInputs T=" << in.length() << " dk=" << in.dk() << " dv=" << in.dv() << "\nk=\n"
+     << in.k << "\nv=\n"
+     << in.v << "\nq=\n"
+     << in.q << "\neta=" << in.eta.transpose() << "\nalpha=\n"
+     << in.alpha;
+}
+}  // namespace kla::ref
+
+namespace kla::proofs {
+
+using ref::Mat;
+using ref::Rational;
+using ref::Vec;
+using Q = Rational;
+using Idx = Eigen::Index;
+
+/// p/q with |p| ≤ num_max and q from a small set (dyadic and non-dyadic).
+inline rc::Gen<Q> rational(int num_max = 8) {
+  return rc::gen::apply([](int p, int q) { return Q(p) / Q(q); },
+                        rc::gen::inRange(-num_max, num_max + 1),
+                        rc::gen::element(1, 2, 3, 4, 5, 7, 8, 16));
+}
+
+/// A rational in (0, 1], with 1 drawn often.
+inline rc::Gen<Q> unit_interval() {
+  return rc::gen::weightedOneOf<Q>(
+      {{1, rc::gen::just(Q(1))},
+       {3, rc::gen::apply([](int p, int q) { return Q(std::min(p, q)) / Q(q); },
+                          rc::gen::inRange(1, 17), rc::gen::element(1, 2, 3, 4, 5, 8, 16))}});
+}
+
+/// η ∈ (0, 1] with the corner η = 1.
+inline rc::Gen<Q> eta() {
+  return unit_interval();
+}
+/// α ∈ (0, 1] with the corner α = 1 (no decay).
+inline rc::Gen<Q> alpha() {
+  return unit_interval();
+}
+/// ε ≥ 0 with the corner ε = 0, small and large values.
+inline rc::Gen<Q> eps() {
+  return rc::gen::weightedOneOf<Q>(
+      {{2, rc::gen::just(Q(0))},
+       {2, rc::gen::apply([](int p, int q) { return Q(p) / Q(q); }, rc::gen::inRange(1, 9),
+                          rc::gen::element(1, 4, 64, 1024))}});
+}
+/// ε > 0 (for statements that exclude ε = 0).
+inline rc::Gen<Q> positive_eps() {
+  return rc::gen::apply([](int p, int q) { return Q(p) / Q(q); }, rc::gen::inRange(1, 9),
+                        rc::gen::element(1, 4, 64, 1024));
+}
+
+inline rc::Gen<Vec<Q>> vector(Idx n) {
+  return rc::gen::map(rc::gen::container<std::vector<Q>>(static_cast<size_t>(n), rational()),
+                      [n](const std::vector<Q>& xs) {
+                        Vec<Q> v(n);
+                        for (Idx i = 0; i < n; ++i) v(i) = xs[static_cast<size_t>(i)];
+                        return v;
+                      });
+}
+/// A key that is nonzero (statements that divide by ‖k‖²).
+inline rc::Gen<Vec<Q>> nonzero_vector(Idx n) {
+  return rc::gen::suchThat(vector(n), [](const Vec<Q>& v) { return v.squaredNorm() != Q(0); });
+}
+/// A key that is zero one time in eight (the degenerate corner).
+inline rc::Gen<Vec<Q>> key(Idx n) {
+  return rc::gen::weightedOneOf<Vec<Q>>(
+      {{1, rc::gen::just(Vec<Q>(Vec<Q>::Zero(n)))}, {7, vector(n)}});
+}
+
+inline rc::Gen<Mat<Q>> matrix(Idx rows, Idx cols) {
+  return rc::gen::map(
+      rc::gen::container<std::vector<Q>>(static_cast<size_t>(rows * cols), rational()),
+      [rows, cols](const std::vector<Q>& xs) {
+        Mat<Q> m(rows, cols);
+        for (Idx i = 0; i < rows; ++i)
+          for (Idx j = 0; j < cols; ++j) m(i, j) = xs[static_cast<size_t>(i * cols + j)];
+        return m;
+      });
+}
+
+/// A dimension in [1, max] (SPEC §2: dk, dv in 1..16).
+inline Idx dim(int max = 16) {
+  return *rc::gen::inRange(1, max + 1);
+}
+
+enum class DecayKind { none, scalar, diagonal };
+
+/// One head of T tokens: keys with the k = 0 corner, η ∈ (0,1], decay of the given kind.
+inline ref::HeadInputs<Q> head_inputs(Idx T, Idx dk, Idx dv, DecayKind decay) {
+  ref::HeadInputs<Q> in;
+  in.q.resize(T, dk);
+  in.k.resize(T, dk);
+  in.v.resize(T, dv);
+  in.eta.resize(T);
+  if (decay == DecayKind::scalar) in.alpha.resize(T, 1);
+  if (decay == DecayKind::diagonal) in.alpha.resize(T, dk);
+  for (Idx t = 0; t < T; ++t) {
+    in.q.row(t) = (*vector(dk)).transpose();
+    in.k.row(t) = (*key(dk)).transpose();
+    in.v.row(t) = (*vector(dv)).transpose();
+    in.eta(t) = *eta();
+    for (Idx c = 0; c < in.alpha.cols(); ++c) in.alpha(t, c) = *alpha();
+  }
+  return in;
+}
+
+inline DecayKind any_decay() {
+  return *rc::gen::element(DecayKind::none, DecayKind::scalar, DecayKind::diagonal);
+}
+
+/// Exact-equality assertion for matrices that names what differed.
+inline void require_equal(const Mat<Q>& a, const Mat<Q>& b, const char* what) {
+  if (a.rows() != b.rows() || a.cols() != b.cols() || a != b) {
+    std::ostringstream os;
+    os << what << " differ:\n" << a << "\n  vs\n" << b;
+    RC_FAIL(os.str());
+  }
+}
+
+}  // namespace kla::proofs
