@@ -1,0 +1,22 @@
+# cmake -P script: install → configure downstream → build → run. Fails on the first error.
+function(step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "downstream ${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "downstream ${what}: ok\n${out}")
+endfunction()
+
+file(REMOVE_RECURSE ${KLA_PREFIX} ${DOWNSTREAM_BINARY})
+step(install ${CMAKE_COMMAND} --install ${KLA_BUILD_DIR} --prefix ${KLA_PREFIX})
+set(cuda_arg)
+if(CUDA_COMPILER)
+  set(cuda_arg -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER})
+endif()
+step(configure ${CMAKE_COMMAND} -S ${DOWNSTREAM_SOURCE} -B ${DOWNSTREAM_BINARY} -G ${GENERATOR}
+     -DCMAKE_PREFIX_PATH=${KLA_PREFIX} -DCMAKE_BUILD_TYPE=Release ${cuda_arg})
+step(build ${CMAKE_COMMAND} --build ${DOWNSTREAM_BINARY})
+step(run ${DOWNSTREAM_BINARY}/downstream_reference)
+if(EXISTS ${DOWNSTREAM_BINARY}/downstream_cuda)
+  step(run-cuda ${DOWNSTREAM_BINARY}/downstream_cuda)
+endif()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job (README, first command): installs the Debian packages, builds, and runs every
+# statement of the paper as an exact property check (proofs_check prints its table), then the
+# mutant check that shows the properties can fail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh
+export PATH="/usr/local/cuda/bin:$PATH"
+cmake --preset default >/dev/null
+cmake --build --preset default --target proofs_check
+./build/proofs_check/proofs_check "$@"
+./build/proofs_check/proofs_check --mutants

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command (README, second command): installs the Debian packages, configures, builds
+# everything (CPU reference, proof checks, CUDA library and tests when nvcc is present) and runs
+# ctest. GPU tests skip with a visible reason on machines without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh
+export PATH="/usr/local/cuda/bin:$PATH"
+preset="${KLA_PRESET:-default}"
+cmake --preset "$preset"
+cmake --build --preset "$preset"
+ctest --preset "$preset" "$@"
