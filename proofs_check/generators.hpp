@@ -5,6 +5,7 @@
 
 #include <ostream>
 #include <sstream>
+#include <vector>
 
 #include <rapidcheck.h>
 
@@ -50,13 +51,27 @@ inline rc::Gen<Q> unit_interval() {
                           rc::gen::inRange(1, 17), rc::gen::element(1, 2, 3, 4, 5, 8, 16))}});
 }
 
+/// A rational in (0, 1), never 1: numerator 1..q-1 over a small q (dyadic and non-dyadic).
+inline rc::Gen<Q> proper_fraction() {
+  return rc::gen::apply([](int p, int q) { return Q(1 + p % (q - 1)) / Q(q); },
+                        rc::gen::inRange(0, 16), rc::gen::element(2, 3, 4, 5, 7, 8, 16));
+}
+
+/// A rational p/q > 0.
+inline rc::Gen<Q> positive_rational(int num_max = 8) {
+  return rc::gen::apply([](int p, int q) { return Q(p) / Q(q); }, rc::gen::inRange(1, num_max + 1),
+                        rc::gen::element(1, 2, 3, 4, 5, 7, 8, 16));
+}
+
 /// η ∈ (0, 1] with the corner η = 1.
 inline rc::Gen<Q> eta() {
   return unit_interval();
 }
-/// α ∈ (0, 1] with the corner α = 1 (no decay).
+/// α ∈ (0, 1] with the corner α = 1 (no decay) one time in four. The rest is a proper decay
+/// α < 1 (unit_interval() alone gives 1 most of the time at large sizes), so that faults in the
+/// decay bookkeeping (γ ratios off by one token) cannot hide behind α = 1.
 inline rc::Gen<Q> alpha() {
-  return unit_interval();
+  return rc::gen::weightedOneOf<Q>({{1, rc::gen::just(Q(1))}, {3, proper_fraction()}});
 }
 /// ε ≥ 0 with the corner ε = 0, small and large values.
 inline rc::Gen<Q> eps() {
@@ -124,6 +139,33 @@ inline ref::HeadInputs<Q> head_inputs(Idx T, Idx dk, Idx dv, DecayKind decay) {
     for (Idx c = 0; c < in.alpha.cols(); ++c) in.alpha(t, c) = *alpha();
   }
   return in;
+}
+
+/// An integer uniform in [lo, hi], NOT scaled by RapidCheck's size (shrinks towards lo). For
+/// sequence and chunk lengths, whose coverage must not depend on the size schedule.
+inline Idx uniform(Idx lo, Idx hi) {
+  std::vector<Idx> xs;
+  for (Idx i = lo; i <= hi; ++i) xs.push_back(i);
+  return *rc::gen::elementOf(xs);
+}
+
+/// The decay of one token as a per-channel vector: scalar α broadcast, or one α per channel.
+inline Vec<Q> decay_vector(Idx dk, bool diagonal) {
+  if (!diagonal) return Vec<Q>::Constant(dk, *alpha());
+  Vec<Q> a(dk);
+  for (Idx c = 0; c < dk; ++c) a(c) = *alpha();
+  return a;
+}
+
+/// Options over the rationals: ε with its corners, a nonzero read-out scale and the Kaczmarz
+/// coefficient, or (one time in four, when `allow_given`) the given GDN coefficient β = η.
+inline ref::Options<Q> options(bool allow_given = true) {
+  ref::Options<Q> opt;
+  opt.eps = *eps();
+  if (allow_given && *rc::gen::element(false, false, false, true))
+    opt.coefficient = ref::Coefficient::given;
+  opt.scale = *rc::gen::weightedOneOf<Q>({{1, rc::gen::just(Q(1))}, {1, positive_rational()}});
+  return opt;
 }
 
 inline DecayKind any_decay() {

@@ -24,7 +24,7 @@ using Rational = bmp::number<bmp::gmp_rational, bmp::et_off>;
 /// Multiprecision binary float (MPFR) with `Digits10` decimal digits.
 template <unsigned Digits10>
 using MpfrFloat = bmp::number<bmp::mpfr_float_backend<Digits10>, bmp::et_off>;
-/// The reference's ground truth for rounded computations: 40 decimal digits = 133 bits (>= 100).
+/// The reference's ground truth for rounded computations: 40 decimal digits, 134 significand bits.
 using Mpfr = MpfrFloat<40>;
 /// Emulated low precision: every arithmetic operation rounds to the 8-bit (bf16) or 11-bit
 /// (fp16) significand, so low-precision behaviour can be studied on the CPU.
