@@ -5,6 +5,7 @@
 //
 // Exit status: 0 when every selected statement holds (or every mutant is caught), 1 otherwise,
 // 2 on bad usage.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -200,6 +201,9 @@ int main(int argc, char** argv) {
   std::vector<const Statement*> sel;
   for (const auto& s : registry())
     if (opt.only.empty() || opt.only.count(s.id)) sel.push_back(&s);
+  // Registration order depends on how the files were batched; print in id order.
+  std::sort(sel.begin(), sel.end(),
+            [](const Statement* a, const Statement* b) { return a->id < b->id; });
   for (const auto& id : opt.only) {
     bool found = false;
     for (const auto& s : registry()) found |= s.id == id;

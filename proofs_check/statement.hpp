@@ -29,8 +29,10 @@ struct Registration {
 #define KLA_PROOF_CONCAT2(a, b) a##b
 #define KLA_PROOF_CONCAT(a, b) KLA_PROOF_CONCAT2(a, b)
 /// KLA_STATEMENT("thm1.constraint", "Theorem 1") { ...property body... }
-#define KLA_STATEMENT(ID, PAPER)                                                              \
-  static void KLA_PROOF_CONCAT(kla_statement_body_, __LINE__)();                              \
-  static const ::kla::proofs::Registration KLA_PROOF_CONCAT(kla_statement_reg_, __LINE__){    \
-      ::kla::proofs::Statement{ID, PAPER, &KLA_PROOF_CONCAT(kla_statement_body_, __LINE__)}}; \
-  static void KLA_PROOF_CONCAT(kla_statement_body_, __LINE__)()
+/// Names come from __COUNTER__ so several statement files can share one unity-build TU.
+#define KLA_STATEMENT(ID, PAPER) KLA_STATEMENT_IMPL(ID, PAPER, __COUNTER__)
+#define KLA_STATEMENT_IMPL(ID, PAPER, N)                                               \
+  static void KLA_PROOF_CONCAT(kla_statement_body_, N)();                              \
+  static const ::kla::proofs::Registration KLA_PROOF_CONCAT(kla_statement_reg_, N){    \
+      ::kla::proofs::Statement{ID, PAPER, &KLA_PROOF_CONCAT(kla_statement_body_, N)}}; \
+  static void KLA_PROOF_CONCAT(kla_statement_body_, N)()

@@ -10,3 +10,8 @@ cmake --preset default >/dev/null
 cmake --build --preset default --target proofs_check
 ./build/proofs_check/proofs_check "$@"
 ./build/proofs_check/proofs_check --mutants
+# Precision / eps sensitivity report (issue 4): builds kla_report and writes docs/report/
+# (report.md + CSV + PNG). A few minutes on 2 cores; `kla_report --help` lists larger sweeps.
+cmake --build --preset default --target kla_report
+KLA_REPORT_VIA="bash tools/main_job.sh" ./build/tools/kla_report --out docs/report
+echo "main_job: report written to docs/report/report.md"
