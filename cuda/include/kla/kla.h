@@ -1,0 +1,148 @@
+/* kla.h — C ABI of the KLA CUDA kernels (Kaczmarz Linear Attention, SPEC §1, §3).
+ *
+ * Layouts follow flash-linear-attention (element strides, last dimension contiguous):
+ *   q, k  [B, T, H,  K]     dtype of the call (fp32 / bf16 / fp16)
+ *   v, o  [B, T, HV, V]     HV a multiple of H; value head hv reads query/key head hv / (HV/H)
+ *   g     [B, T, HV] fp32   natural-log decay g = ln(alpha) <= 0, optional (absent: alpha = 1)
+ *   eta   [B, T, HV] fp32   gate, optional (absent: eta_value everywhere)
+ *   states [N, HV, K, V] fp32, contiguous; N = B, or the number of packed sequences when
+ *   cu_seqlens ([N+1] int32, B = 1) is given.
+ *
+ * Per token (one head): S~ = alpha S; e = v - S~^T k; beta = eta / (|k|^2 + eps) (Kaczmarz) or
+ * beta = eta (given, plain gated delta rule); S = S~ + beta k e^T; o = S^T q * scale (or / |q|).
+ * Degenerate convention: |k|^2 + eps == 0 gives beta = 0 (the token only decays the state).
+ *
+ * Every entry point validates its arguments on the host first; on an error it returns a status,
+ * sets a thread-local message naming the argument (kla_last_error_message) and launches nothing.
+ * Entry points are thread-safe, never synchronise the host and never allocate device memory,
+ * so they can be captured in a CUDA graph; results are bitwise reproducible run to run.
+ */
+#ifndef KLA_KLA_H_
+#define KLA_KLA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define KLA_API
+#else
+#define KLA_API __attribute__((visibility("default")))
+#endif
+
+#define KLA_ABI_VERSION 1
+
+/* A CUDA stream: the same type as cudaStream_t / CUstream (NULL = legacy default stream). */
+typedef struct CUstream_st* kla_stream_t;
+
+typedef enum kla_status {
+  KLA_SUCCESS = 0,
+  KLA_ERROR_NULL_POINTER = 1,         /* a required pointer is NULL */
+  KLA_ERROR_INVALID_SIZE = 2,         /* a size is zero or negative */
+  KLA_ERROR_SHAPE_MISMATCH = 3,       /* sizes are inconsistent (HV % H, cu_seqlens with B > 1) */
+  KLA_ERROR_BAD_STRIDE = 4,           /* a stride is non-positive or makes outputs overlap */
+  KLA_ERROR_MISALIGNED = 5,           /* a pointer or stride breaks 16-byte alignment */
+  KLA_ERROR_UNSUPPORTED_DTYPE = 6,    /* dtype is not fp32 / bf16 / fp16 */
+  KLA_ERROR_UNSUPPORTED_HEAD_DIM = 7, /* K or V not a multiple of 16 in [16, 256] */
+  KLA_ERROR_BAD_CU_SEQLENS = 8, /* cu_seqlens not starting at 0, decreasing, or not ending at T */
+  KLA_ERROR_BAD_INDEX = 9,      /* a state pool index outside [-1, pool_size) */
+  KLA_ERROR_INVALID_VALUE = 10, /* eps < 0, a non-finite scalar, an unknown enum value */
+  KLA_ERROR_NO_DEVICE = 11,     /* no usable CUDA device */
+  KLA_ERROR_CUDA = 12           /* the CUDA runtime reported an error (message has it) */
+} kla_status;
+
+typedef enum kla_dtype { KLA_DTYPE_FP32 = 0, KLA_DTYPE_BF16 = 1, KLA_DTYPE_FP16 = 2 } kla_dtype;
+
+/* How beta is formed: Kaczmarz beta = eta / (|k|^2 + eps) computed in fp32 in the kernel from
+ * the raw key, or given beta = eta (plain gated delta rule, keys used as they are). */
+typedef enum kla_coefficient { KLA_COEFF_KACZMARZ = 0, KLA_COEFF_GIVEN = 1 } kla_coefficient;
+
+/* How o is read: o = S^T q * scale, or o = S^T q / |q| (in-kernel q l2-norm; 0 for q = 0). */
+typedef enum kla_readout { KLA_READOUT_SCALE = 0, KLA_READOUT_Q_L2NORM = 1 } kla_readout;
+
+typedef struct kla_params {
+  kla_dtype dtype;     /* of q, k, v and o */
+  int64_t batch;       /* B (1 when cu_seqlens is given) */
+  int64_t seq_len;     /* T (total packed tokens when cu_seqlens is given) */
+  int64_t num_heads;   /* H: query/key heads */
+  int64_t num_v_heads; /* HV: value heads, a multiple of H */
+  int64_t head_dim_k;  /* K */
+  int64_t head_dim_v;  /* V */
+
+  /* Element strides of the B, T and head dimensions (the last dimension is contiguous). Pointers
+   * and strides (in bytes) must be multiples of 16. Inputs may overlap; o may not. */
+  const void* q;
+  int64_t q_strides[3];
+  const void* k;
+  int64_t k_strides[3];
+  const void* v;
+  int64_t v_strides[3];
+  void* o;
+  int64_t o_strides[3];
+
+  const float* g; /* [B,T,HV] log decay, element strides of B and T; HV contiguous; NULL = none */
+  int64_t g_strides[2];
+  const float* eta; /* [B,T,HV], strides like g; NULL = eta_value for every token */
+  int64_t eta_strides[2];
+  float eta_value;
+
+  float eps;   /* >= 0 */
+  float scale; /* read-out scale (KLA_READOUT_SCALE); kla_params_init sets K^-1/2 */
+  kla_coefficient coefficient;
+  kla_readout readout;
+
+  /* States [N,HV,K,V] fp32 contiguous. initial_state NULL = zero; final_state NULL = not
+   * written; final_state == initial_state updates in place. */
+  const float* initial_state;
+  float* final_state;
+
+  /* State pool (decode serving): state_pool [pool_size,HV,K,V] fp32; sequence n reads and
+   * writes pool row state_indices[n] in place; index -1 skips the sequence (its o rows and
+   * state are left untouched). state_indices is on the device and read by the kernel;
+   * state_indices_host is a host copy of the same values used for validation (required).
+   * Excludes initial_state / final_state. */
+  float* state_pool;
+  int64_t pool_size;
+  const int32_t* state_indices;
+  const int32_t* state_indices_host;
+
+  /* Variable lengths: cu_seqlens [num_seqs+1] int32 on the device (read by the kernel) and the
+   * same values on the host in cu_seqlens_host (validated: starts at 0, non-decreasing, ends at
+   * T). Needs batch == 1. NULL = N = B sequences of length T. */
+  const int32_t* cu_seqlens;
+  const int32_t* cu_seqlens_host;
+  int64_t num_seqs;
+} kla_params;
+
+/* Zeroes *p and sets the defaults: eta_value 1, eps 0, scale 0 (meaning K^-1/2 once
+ * head_dim_k is known), Kaczmarz coefficient, scale read-out. */
+KLA_API void kla_params_init(kla_params* p);
+
+/* Host-side validation only: needs no GPU and touches no device memory. */
+KLA_API kla_status kla_validate(const kla_params* p);
+
+/* Chunkwise forward (prefill): chunks of 64 tokens, any T, varlen, initial/final state. */
+KLA_API kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream);
+
+/* Tokenwise forward (decode, short speculative steps): T >= 1 tokens per sequence, the state
+ * kept on chip across the call's tokens; in place (final_state == initial_state) or pooled. */
+KLA_API kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t stream);
+
+/* Device workspace the entry points need: always 0 (no device allocation, no workspace). */
+KLA_API size_t kla_workspace_size(const kla_params* p);
+
+KLA_API const char* kla_status_string(kla_status s);
+/* The message of the last failing call on this thread ("" if none). Valid until the next call
+ * on this thread. */
+KLA_API const char* kla_last_error_message(void);
+/* "major.minor.patch" of the library. */
+KLA_API const char* kla_version_string(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KLA_KLA_H_ */

@@ -1,0 +1,121 @@
+// The CUDA entry points of the C ABI (kla.h): validate on the host, check for a device,
+// translate kla_params into the kernels' plain KernelParams, dispatch on dtype, launch on the
+// caller's stream. No host synchronisation, no allocation: capturable in a CUDA graph.
+#include <cmath>
+#include <string>
+
+#include "dispatch.hpp"
+#include "internal.hpp"
+#include "kla/kla.h"
+
+namespace {
+
+using kla::detail::fail;
+using kla::kernels::KernelParams;
+
+kla::kernels::KernelParams translate(const kla_params& p) {
+  KernelParams k{};
+  k.q = p.q;
+  k.k = p.k;
+  k.v = p.v;
+  k.o = p.o;
+  for (int d = 0; d < 3; ++d) {
+    k.qs[d] = p.q_strides[d];
+    k.ks[d] = p.k_strides[d];
+    k.vs[d] = p.v_strides[d];
+    k.os[d] = p.o_strides[d];
+  }
+  k.g = p.g;
+  k.eta = p.eta;
+  for (int d = 0; d < 2; ++d) {
+    k.gs[d] = p.g_strides[d];
+    k.es[d] = p.eta_strides[d];
+  }
+  k.eta_value = p.eta_value;
+  k.eps = p.eps;
+  k.scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim_k));
+  k.kaczmarz = p.coefficient == KLA_COEFF_KACZMARZ;
+  k.l2norm = p.readout == KLA_READOUT_Q_L2NORM;
+  k.s_in = p.initial_state;
+  k.s_out = p.final_state;
+  k.pool = p.state_pool;
+  k.indices = p.state_pool ? p.state_indices : nullptr;
+  k.cu_seqlens = p.cu_seqlens;
+  k.N = int(p.cu_seqlens ? p.num_seqs : p.batch);
+  k.T = int(p.seq_len);
+  k.H = int(p.num_heads);
+  k.HV = int(p.num_v_heads);
+  k.K = int(p.head_dim_k);
+  k.V = int(p.head_dim_v);
+  return k;
+}
+
+struct Device {
+  int id = 0, sms = 0, max_smem = 0;
+};
+
+kla_status current_device(Device& d) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();  // clear the runtime's sticky error for this thread
+    return fail(KLA_ERROR_NO_DEVICE,
+                std::string("no CUDA device: ") +
+                    (e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount = 0"));
+  }
+  if ((e = cudaGetDevice(&d.id)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, d.id)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.id)) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(KLA_ERROR_NO_DEVICE,
+                std::string("CUDA device query failed: ") + cudaGetErrorString(e));
+  }
+  return KLA_SUCCESS;
+}
+
+kla_status launched(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return KLA_SUCCESS;
+  (void)cudaGetLastError();
+  return fail(KLA_ERROR_CUDA, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+extern "C" {
+
+kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream) {
+  if (kla_status s = kla_validate(p)) return s;
+  Device dev;
+  if (kla_status s = current_device(dev)) return s;
+  const KernelParams kp = translate(*p);
+  cudaError_t e = cudaSuccess;
+  switch (p->dtype) {
+    case KLA_DTYPE_FP32:
+      e = kla::kernels::launch_chunk<float>(kp, stream, dev.sms, dev.max_smem);
+      break;
+    case KLA_DTYPE_BF16:
+      e = kla::kernels::launch_chunk<__nv_bfloat16>(kp, stream, dev.sms, dev.max_smem);
+      break;
+    case KLA_DTYPE_FP16:
+      e = kla::kernels::launch_chunk<__half>(kp, stream, dev.sms, dev.max_smem);
+      break;
+  }
+  return launched(e, "kla_chunk_forward launch");
+}
+
+kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t stream) {
+  if (kla_status s = kla_validate(p)) return s;
+  Device dev;
+  if (kla_status s = current_device(dev)) return s;
+  const KernelParams kp = translate(*p);
+  cudaError_t e = cudaSuccess;
+  switch (p->dtype) {
+    case KLA_DTYPE_FP32: e = kla::kernels::launch_tokenwise<float>(kp, stream); break;
+    case KLA_DTYPE_BF16: e = kla::kernels::launch_tokenwise<__nv_bfloat16>(kp, stream); break;
+    case KLA_DTYPE_FP16: e = kla::kernels::launch_tokenwise<__half>(kp, stream); break;
+  }
+  return launched(e, "kla_tokenwise_forward launch");
+}
+
+}  // extern "C"

@@ -1,0 +1,6 @@
+// Chunkwise kernel for bf16 (generic head dims, runtime chunk length and value slice).
+#include "chunk.cuh"
+
+namespace kla::kernels {
+template cudaError_t launch_chunk<__nv_bfloat16>(const KernelParams&, cudaStream_t, int, int64_t);
+}

@@ -1,0 +1,6 @@
+// Chunkwise kernel for fp16 (generic head dims, runtime chunk length and value slice).
+#include "chunk.cuh"
+
+namespace kla::kernels {
+template cudaError_t launch_chunk<__half>(const KernelParams&, cudaStream_t, int, int64_t);
+}

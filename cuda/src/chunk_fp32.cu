@@ -1,0 +1,6 @@
+// Chunkwise kernel for fp32 (generic head dims, runtime chunk length and value slice).
+#include "chunk.cuh"
+
+namespace kla::kernels {
+template cudaError_t launch_chunk<float>(const KernelParams&, cudaStream_t, int, int64_t);
+}

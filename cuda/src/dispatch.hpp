@@ -1,0 +1,26 @@
+// Launchers, one explicit instantiation per dtype in its own translation unit
+// (tokenwise_<dtype>.cu, chunk_<dtype>.cu) so the kernels compile in parallel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernel_common.cuh"
+
+namespace kla::kernels {
+
+template <class E>
+cudaError_t launch_tokenwise(const KernelParams& p, cudaStream_t stream);
+template <class E>
+cudaError_t launch_chunk(const KernelParams& p, cudaStream_t stream, int sms, int64_t max_smem);
+
+extern template cudaError_t launch_tokenwise<float>(const KernelParams&, cudaStream_t);
+extern template cudaError_t launch_tokenwise<__nv_bfloat16>(const KernelParams&, cudaStream_t);
+extern template cudaError_t launch_tokenwise<__half>(const KernelParams&, cudaStream_t);
+extern template cudaError_t launch_chunk<float>(const KernelParams&, cudaStream_t, int, int64_t);
+extern template cudaError_t launch_chunk<__nv_bfloat16>(const KernelParams&, cudaStream_t, int,
+                                                        int64_t);
+extern template cudaError_t launch_chunk<__half>(const KernelParams&, cudaStream_t, int, int64_t);
+
+}  // namespace kla::kernels

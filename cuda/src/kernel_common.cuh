@@ -1,0 +1,97 @@
+// Shared by every kernel translation unit: the plain parameter block the kernels see, dtype
+// conversion traits and warp helpers. Kernels never see kla_params (the ABI struct); api.cu
+// translates once on the host.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace kla::kernels {
+
+/// Everything a kernel reads, resolved on the host: defaults applied (scale, eta), N known.
+/// Tensor strides are element strides of (B, T, head); the last dimension is contiguous.
+struct KernelParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  int64_t qs[3], ks[3], vs[3], os[3];
+  const float* g;  // [B,T,HV] or null
+  int64_t gs[2];
+  const float* eta;  // [B,T,HV] or null (eta_value)
+  int64_t es[2];
+  float eta_value;
+  float eps;
+  float scale;
+  int kaczmarz;  // 1: beta = eta/(|k|^2+eps); 0: beta = eta
+  int l2norm;    // 1: read-out 1/|q|; 0: scale
+  // State addressing: sequence n uses s_in/s_out + (n*HV + hv)*K*V, or, with `indices`,
+  // pool + (indices[n]*HV + hv)*K*V for both (in place; index < 0 skips the sequence).
+  const float* s_in;
+  float* s_out;
+  float* pool;
+  const int32_t* indices;
+  const int32_t* cu_seqlens;  // [N+1] or null
+  int N, T, H, HV, K, V;
+};
+
+template <class E>
+struct Dtype;
+template <>
+struct Dtype<float> {
+  __device__ static float to_float(float x) { return x; }
+  __device__ static float from_float(float x) { return x; }
+};
+template <>
+struct Dtype<__nv_bfloat16> {
+  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+template <>
+struct Dtype<__half> {
+  __device__ static float to_float(__half x) { return __half2float(x); }
+  __device__ static __half from_float(float x) { return __float2half_rn(x); }
+};
+
+__device__ __forceinline__ float warp_sum(float x) {
+  // Fixed butterfly order: the same inputs give bitwise the same sum in every lane.
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+/// Sequence n's token range [t0, t0+len) in batch row b, from cu_seqlens or the fixed layout.
+struct SeqRange {
+  int64_t b, t0, len;
+};
+__device__ __forceinline__ SeqRange seq_range(const KernelParams& p, int n) {
+  if (p.cu_seqlens) {
+    const int64_t a = p.cu_seqlens[n], e = p.cu_seqlens[n + 1];
+    return {0, a, e - a};
+  }
+  return {n, 0, p.T};
+}
+
+/// The per-token coefficients of the normalised-key form (SPEC §1): KLA(q,k,v,eta) equals
+/// GDN(q, k^, v^, beta = eta) with k^ = k/r, v^ = v/r, r = sqrt(|k|^2 + eps). Kernels scale
+/// keys and values by `kscale` and use `beta`; for |k|^2 + eps == 0 both are 0 (the degenerate
+/// convention: the token only decays). Given mode: kscale = 1, beta = eta.
+struct TokenCoef {
+  float kscale, beta;
+};
+__device__ __forceinline__ TokenCoef token_coef(float k_sqnorm, float eta, float eps,
+                                                int kaczmarz) {
+  if (!kaczmarz) return {1.0f, eta};
+  const float d = k_sqnorm + eps;
+  if (!(d > 0.0f)) return {0.0f, 0.0f};
+  return {1.0f / sqrtf(d), eta};
+}
+
+__device__ __forceinline__ float readout_scale(float q_sqnorm, const KernelParams& p) {
+  if (!p.l2norm) return p.scale;
+  return q_sqnorm > 0.0f ? 1.0f / sqrtf(q_sqnorm) : 0.0f;
+}
+
+}  // namespace kla::kernels

@@ -1,0 +1,473 @@
+// Test harness for the CUDA kernels: random problems in the kernels' layouts (SPEC §3), device
+// runs through the C ABI, and the reference (kla::ref::forward) on the same rounded inputs.
+//
+// Inputs are generated in float and rounded once to the call's dtype; the rounded values, held
+// as float (exact for bf16/fp16), feed both the kernel (converted back exactly) and the
+// reference, so the comparison measures the kernel's arithmetic alone.
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kla/kla.h"
+#include "kla/ref/scalar.hpp"
+#include "kla/ref/tensor.hpp"
+
+namespace kla::test {
+
+/// Whether a CUDA device is usable, and if not why (for GTEST_SKIP's message).
+inline bool gpu_available(std::string* why = nullptr) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    if (why)
+      *why = std::string("no CUDA device (") +
+             (e != cudaSuccess ? cudaGetErrorString(e) : "device count 0") +
+             "): GPU test skipped; run tools/gpu_suite.sh on the GPU machine";
+    return false;
+  }
+  return true;
+}
+
+#define KLA_REQUIRE_GPU()                                         \
+  do {                                                            \
+    std::string why_;                                             \
+    if (!::kla::test::gpu_available(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+#define KLA_CUDA_CHECK(x)                                                        \
+  do {                                                                           \
+    const cudaError_t e_ = (x);                                                  \
+    if (e_ != cudaSuccess)                                                       \
+      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
+  } while (0)
+
+/// Unit roundoff u = 2^-p of a dtype (p significand bits incl. the implicit one).
+inline double unit_roundoff(kla_dtype d) {
+  return d == KLA_DTYPE_FP32   ? std::ldexp(1.0, -24)
+         : d == KLA_DTYPE_BF16 ? std::ldexp(1.0, -8)
+                               : std::ldexp(1.0, -11);
+}
+inline const char* dtype_name(kla_dtype d) {
+  return d == KLA_DTYPE_FP32 ? "fp32" : d == KLA_DTYPE_BF16 ? "bf16" : "fp16";
+}
+inline std::size_t dtype_size(kla_dtype d) {
+  return d == KLA_DTYPE_FP32 ? 4 : 2;
+}
+
+inline float round_to(kla_dtype d, float x) {
+  if (d == KLA_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(x));
+  if (d == KLA_DTYPE_FP16) return __half2float(__float2half_rn(x));
+  return x;
+}
+
+/// Problem description. cu_seqlens empty = N = B sequences of length T.
+struct Config {
+  kla_dtype dtype = KLA_DTYPE_FP32;
+  int B = 1, T = 1, H = 1, HV = 1, K = 64, V = 64;
+  std::vector<int32_t> cu_seqlens;  // N+1 offsets (B = 1)
+  float eps = 0.0f;
+  float scale = 0.0f;  // 0: resolved to 1/sqrt(K) here, the same float the library uses
+  kla_coefficient coefficient = KLA_COEFF_KACZMARZ;
+  kla_readout readout = KLA_READOUT_SCALE;
+  bool has_g = true, has_eta = true, has_init = true, want_final = true;
+  int pad_qk = 0, pad_v = 0, pad_o = 0;  // extra head-stride elements (multiples of 8)
+  // Generation ranges.
+  double knorm_lo = 1e-2, knorm_hi = 1e1;  // key norms log-uniform in [lo, hi]
+  double decay_max = 1.0;                  // g uniform in [-decay_max, 0]
+  double eta_lo = 0.1;                     // eta uniform in [eta_lo, 1]
+  std::uint64_t seed = 1;
+
+  int N() const { return cu_seqlens.empty() ? B : int(cu_seqlens.size()) - 1; }
+  float resolved_scale() const { return scale != 0.0f ? scale : 1.0f / std::sqrt(float(K)); }
+  std::string describe() const {
+    std::string s =
+        std::string(dtype_name(dtype)) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+        " H=" + std::to_string(H) + " HV=" + std::to_string(HV) + " K=" + std::to_string(K) +
+        " V=" + std::to_string(V) + " N=" + std::to_string(N()) + " eps=" + std::to_string(eps) +
+        (has_g ? " g" : "") + (has_init ? " s0" : "") +
+        (coefficient == KLA_COEFF_GIVEN ? " given-beta" : "") +
+        (readout == KLA_READOUT_Q_L2NORM ? " q-l2" : "") + " seed=" + std::to_string(seed);
+    if (!cu_seqlens.empty()) {
+      s += " cu=[";
+      for (auto c : cu_seqlens) s += std::to_string(c) + ",";
+      s += "]";
+    }
+    return s;
+  }
+};
+
+/// Host data (rounded values as float) in the device layouts.
+struct Data {
+  Config cfg;
+  int64_t qs[3], vs[3], os[3], gs[2];
+  std::vector<float> q, k, v, g, eta, s0;
+
+  std::size_t o_elems() const { return std::size_t(cfg.B) * os[0]; }
+  std::size_t state_elems() const { return std::size_t(cfg.N()) * cfg.HV * cfg.K * cfg.V; }
+};
+
+inline Data make_data(const Config& c) {
+  Data d;
+  d.cfg = c;
+  std::mt19937_64 rng(c.seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  const int64_t qh = c.K + c.pad_qk, vh = c.V + c.pad_v, oh = c.V + c.pad_o;
+  d.qs[2] = qh;
+  d.qs[1] = qh * c.H;
+  d.qs[0] = d.qs[1] * c.T;
+  d.vs[2] = vh;
+  d.vs[1] = vh * c.HV;
+  d.vs[0] = d.vs[1] * c.T;
+  d.os[2] = oh;
+  d.os[1] = oh * c.HV;
+  d.os[0] = d.os[1] * c.T;
+  d.gs[1] = c.HV;
+  d.gs[0] = int64_t(c.HV) * c.T;
+  d.q.assign(std::size_t(c.B) * d.qs[0], 0.f);
+  d.k = d.q;
+  d.v.assign(std::size_t(c.B) * d.vs[0], 0.f);
+  for (int b = 0; b < c.B; ++b)
+    for (int t = 0; t < c.T; ++t) {
+      for (int h = 0; h < c.H; ++h) {
+        const std::size_t base = b * d.qs[0] + t * d.qs[1] + h * d.qs[2];
+        std::vector<double> kd(c.K);
+        double n2 = 0;
+        for (int i = 0; i < c.K; ++i) {
+          kd[i] = nd(rng);
+          n2 += kd[i] * kd[i];
+        }
+        const double lo = std::log(c.knorm_lo), hi = std::log(c.knorm_hi);
+        const double norm = std::exp(lo + (hi - lo) * ud(rng));
+        for (int i = 0; i < c.K; ++i) {
+          d.k[base + i] = round_to(c.dtype, float(kd[i] / std::sqrt(n2) * norm));
+          d.q[base + i] = round_to(c.dtype, float(nd(rng)));
+        }
+      }
+      for (int hv = 0; hv < c.HV; ++hv)
+        for (int i = 0; i < c.V; ++i)
+          d.v[b * d.vs[0] + t * d.vs[1] + hv * d.vs[2] + i] = round_to(c.dtype, float(nd(rng)));
+    }
+  const std::size_t ng = std::size_t(c.B) * c.T * c.HV;
+  if (c.has_g) {
+    d.g.resize(ng);
+    for (auto& x : d.g) x = float(-c.decay_max * ud(rng));
+  }
+  if (c.has_eta) {
+    d.eta.resize(ng);
+    for (auto& x : d.eta) x = ud(rng) < 0.2 ? 1.0f : float(c.eta_lo + (1 - c.eta_lo) * ud(rng));
+  }
+  if (c.has_init) {
+    d.s0.resize(d.state_elems());
+    for (auto& x : d.s0) x = float(0.3 * nd(rng));
+  }
+  return d;
+}
+
+/// Device buffers for one problem, inputs converted to the dtype. o and final state are
+/// poisoned (all bytes 0xFF: NaN) before every run, so unwritten elements are caught.
+struct DeviceProblem {
+  Data data;
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  float *g = nullptr, *eta = nullptr, *s0 = nullptr, *sf = nullptr;
+  int32_t* cu = nullptr;
+
+  explicit DeviceProblem(const Data& d) : data(d) {
+    q = upload(d.q);
+    k = upload(d.k);
+    v = upload(d.v);
+    KLA_CUDA_CHECK(cudaMalloc(&o, d.o_elems() * dtype_size(d.cfg.dtype)));
+    if (!d.g.empty()) g = upload_f(d.g);
+    if (!d.eta.empty()) eta = upload_f(d.eta);
+    if (!d.s0.empty()) s0 = upload_f(d.s0);
+    KLA_CUDA_CHECK(cudaMalloc(&sf, d.state_elems() * sizeof(float)));
+    if (!d.cfg.cu_seqlens.empty()) {
+      KLA_CUDA_CHECK(cudaMalloc(&cu, d.cfg.cu_seqlens.size() * 4));
+      KLA_CUDA_CHECK(cudaMemcpy(cu, d.cfg.cu_seqlens.data(), d.cfg.cu_seqlens.size() * 4,
+                                cudaMemcpyHostToDevice));
+    }
+  }
+  DeviceProblem(const DeviceProblem&) = delete;
+  DeviceProblem& operator=(const DeviceProblem&) = delete;
+  ~DeviceProblem() {
+    for (void* p : {q, k, v, o, static_cast<void*>(g), static_cast<void*>(eta),
+                    static_cast<void*>(s0), static_cast<void*>(sf), static_cast<void*>(cu)})
+      if (p) cudaFree(p);
+  }
+
+  void* upload(const std::vector<float>& x) {
+    const kla_dtype dt = data.cfg.dtype;
+    std::vector<unsigned char> bytes(x.size() * dtype_size(dt));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (dt == KLA_DTYPE_FP32) {
+        std::memcpy(&bytes[i * 4], &x[i], 4);
+      } else if (dt == KLA_DTYPE_BF16) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
+        std::memcpy(&bytes[i * 2], &h, 2);
+      } else {
+        const __half h = __float2half_rn(x[i]);
+        std::memcpy(&bytes[i * 2], &h, 2);
+      }
+    }
+    void* p = nullptr;
+    KLA_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes.size(), 16)));
+    KLA_CUDA_CHECK(cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    return p;
+  }
+  float* upload_f(const std::vector<float>& x) {
+    void* p = nullptr;
+    KLA_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(x.size() * 4, 16)));
+    KLA_CUDA_CHECK(cudaMemcpy(p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    return static_cast<float*>(p);
+  }
+
+  /// Params for this problem (initial state = s0 if present, final state = sf if wanted).
+  kla_params params() const {
+    const Config& c = data.cfg;
+    kla_params p;
+    kla_params_init(&p);
+    p.dtype = c.dtype;
+    p.batch = c.B;
+    p.seq_len = c.T;
+    p.num_heads = c.H;
+    p.num_v_heads = c.HV;
+    p.head_dim_k = c.K;
+    p.head_dim_v = c.V;
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.o = o;
+    for (int i = 0; i < 3; ++i) {
+      p.q_strides[i] = p.k_strides[i] = data.qs[i];
+      p.v_strides[i] = data.vs[i];
+      p.o_strides[i] = data.os[i];
+    }
+    p.g = g;
+    p.eta = eta;
+    for (int i = 0; i < 2; ++i) p.g_strides[i] = p.eta_strides[i] = data.gs[i];
+    p.eps = c.eps;
+    p.scale = c.resolved_scale();
+    p.coefficient = c.coefficient;
+    p.readout = c.readout;
+    p.initial_state = s0;
+    p.final_state = c.want_final ? sf : nullptr;
+    if (cu) {
+      p.cu_seqlens = cu;
+      p.cu_seqlens_host = data.cfg.cu_seqlens.data();
+      p.num_seqs = c.N();
+    }
+    return p;
+  }
+
+  void poison(cudaStream_t s = nullptr) {
+    KLA_CUDA_CHECK(cudaMemsetAsync(o, 0xFF, data.o_elems() * dtype_size(data.cfg.dtype), s));
+    KLA_CUDA_CHECK(cudaMemsetAsync(sf, 0xFF, data.state_elems() * sizeof(float), s));
+  }
+
+  std::vector<float> download_o() const {
+    const kla_dtype dt = data.cfg.dtype;
+    const std::size_t n = data.o_elems();
+    std::vector<unsigned char> bytes(n * dtype_size(dt));
+    KLA_CUDA_CHECK(cudaMemcpy(bytes.data(), o, bytes.size(), cudaMemcpyDeviceToHost));
+    std::vector<float> out(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (dt == KLA_DTYPE_FP32) {
+        std::memcpy(&out[i], &bytes[i * 4], 4);
+      } else if (dt == KLA_DTYPE_BF16) {
+        __nv_bfloat16 h;
+        std::memcpy(&h, &bytes[i * 2], 2);
+        out[i] = __bfloat162float(h);
+      } else {
+        __half h;
+        std::memcpy(&h, &bytes[i * 2], 2);
+        out[i] = __half2float(h);
+      }
+    }
+    return out;
+  }
+  std::vector<float> download_state() const {
+    std::vector<float> out(data.state_elems());
+    KLA_CUDA_CHECK(cudaMemcpy(out.data(), sf, out.size() * 4, cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+struct Outputs {
+  std::vector<double> o;      // o layout of Data (os strides), padding ignored
+  std::vector<double> state;  // [N,HV,K,V]
+};
+
+enum class Entry { chunk, tokenwise };
+inline const char* entry_name(Entry e) {
+  return e == Entry::chunk ? "chunk" : "tokenwise";
+}
+
+inline kla_status call(Entry e, const kla_params& p, cudaStream_t s = nullptr) {
+  return e == Entry::chunk ? kla_chunk_forward(&p, s) : kla_tokenwise_forward(&p, s);
+}
+
+/// Runs an entry point on a problem; throws on a failing status.
+inline Outputs run_device(DeviceProblem& dp, Entry e) {
+  dp.poison();
+  const kla_params p = dp.params();
+  const kla_status st = call(e, p);
+  if (st != KLA_SUCCESS)
+    throw std::runtime_error(std::string(kla_status_string(st)) + ": " + kla_last_error_message());
+  KLA_CUDA_CHECK(cudaDeviceSynchronize());
+  Outputs out;
+  const auto o = dp.download_o();
+  out.o.assign(o.begin(), o.end());
+  if (dp.data.cfg.want_final) {
+    const auto s = dp.download_state();
+    out.state.assign(s.begin(), s.end());
+  }
+  return out;
+}
+
+/// Runs `fn(i)` for i in [0, n) on up to hardware_concurrency threads.
+inline void parallel_for(int n, const std::function<void(int)>& fn) {
+  const int nt = std::max(1, std::min<int>(n, int(std::thread::hardware_concurrency())));
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  std::exception_ptr err;
+  std::mutex m;
+  for (int t = 0; t < nt; ++t)
+    pool.emplace_back([&] {
+      for (int i; (i = next++) < n;) {
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(m);
+          err = std::current_exception();
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  if (err) std::rethrow_exception(err);
+}
+
+/// The reference (kla::ref::forward<R>, tokenwise) on the same rounded inputs, one call per
+/// (sequence, value head) so the heads run on all CPU cores.
+template <class R>
+Outputs run_reference(const Data& d) {
+  using kla::ref::TensorView;
+  const Config& c = d.cfg;
+  const int N = c.N(), group = c.HV / c.H;
+  Outputs out;
+  out.o.assign(d.o_elems(), 0.0);
+  out.state.assign(d.state_elems(), 0.0);
+  kla::ref::Options<R> opt;
+  opt.eps = R(c.eps);
+  opt.scale = R(c.resolved_scale());
+  opt.coefficient = c.coefficient == KLA_COEFF_GIVEN ? kla::ref::Coefficient::given
+                                                     : kla::ref::Coefficient::kaczmarz;
+  opt.readout =
+      c.readout == KLA_READOUT_Q_L2NORM ? kla::ref::Readout::q_l2norm : kla::ref::Readout::scale;
+  const std::vector<float> ones(std::size_t(c.B) * c.T * c.HV, 1.0f);
+  parallel_for(N * c.HV, [&](int task) {
+    const int n = task / c.HV, hv = task % c.HV, h = hv / group;
+    int64_t b = n, t0 = 0, len = c.T;
+    if (!c.cu_seqlens.empty()) {
+      b = 0;
+      t0 = c.cu_seqlens[n];
+      len = c.cu_seqlens[n + 1] - t0;
+    }
+    kla::ref::SequenceBatch<float> in;
+    const std::int64_t one = 1;
+    in.q = {d.q.data() + b * d.qs[0] + t0 * d.qs[1] + h * d.qs[2],
+            {one, len, one, c.K},
+            {d.qs[0], d.qs[1], d.qs[2], 1}};
+    in.k = {d.k.data() + b * d.qs[0] + t0 * d.qs[1] + h * d.qs[2],
+            {one, len, one, c.K},
+            {d.qs[0], d.qs[1], d.qs[2], 1}};
+    in.v = {d.v.data() + b * d.vs[0] + t0 * d.vs[1] + hv * d.vs[2],
+            {one, len, one, c.V},
+            {d.vs[0], d.vs[1], d.vs[2], 1}};
+    // eta absent means eta = 1 (kla_params_init's eta_value).
+    const float* eta = d.eta.empty() ? ones.data() : d.eta.data();
+    in.eta = {eta + b * d.gs[0] + t0 * d.gs[1] + hv, {one, len, one}, {d.gs[0], d.gs[1], 1}};
+    if (!d.g.empty())
+      in.log_decay = {
+          d.g.data() + b * d.gs[0] + t0 * d.gs[1] + hv, {one, len, one}, {d.gs[0], d.gs[1], 1}};
+    const int64_t KV = int64_t(c.K) * c.V;
+    if (!d.s0.empty())
+      in.initial_state = TensorView<const float, 4>::contiguous(
+          d.s0.data() + (int64_t(n) * c.HV + hv) * KV, {1, 1, c.K, c.V});
+    TensorView<double, 4> o{out.o.data() + b * d.os[0] + t0 * d.os[1] + hv * d.os[2],
+                            {one, len, one, c.V},
+                            {d.os[0], d.os[1], d.os[2], 1}};
+    auto fs = TensorView<double, 4>::contiguous(out.state.data() + (int64_t(n) * c.HV + hv) * KV,
+                                                {1, 1, c.K, c.V});
+    kla::ref::forward<R>(in, opt, kla::ref::Algorithm{}, o, fs);
+  });
+  return out;
+}
+
+/// Relative RMS ‖a − r‖ / ‖r‖ over the valid elements of an o-layout array (padding skipped),
+/// or over every element when `o_layout` is false. NaN/Inf in `a` gives +inf.
+inline double rel_rms(const std::vector<double>& a, const std::vector<double>& r, const Data& d,
+                      bool o_layout) {
+  double num = 0, den = 0;
+  auto acc = [&](std::size_t i) {
+    if (!std::isfinite(a[i])) num = INFINITY;
+    const double e = a[i] - r[i];
+    num += e * e;
+    den += r[i] * r[i];
+  };
+  if (!o_layout) {
+    for (std::size_t i = 0; i < a.size(); ++i) acc(i);
+  } else {
+    const Config& c = d.cfg;
+    for (int b = 0; b < c.B; ++b)
+      for (int t = 0; t < c.T; ++t)
+        for (int hv = 0; hv < c.HV; ++hv)
+          for (int i = 0; i < c.V; ++i) acc(b * d.os[0] + t * d.os[1] + hv * d.os[2] + i);
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+/// Largest |a − r| / (scale_rel |r| + floor) over valid o elements (<= 1 passes).
+inline double max_scaled_err(const std::vector<double>& a, const std::vector<double>& r,
+                             const Data& d, bool o_layout, double rel, double abs_floor) {
+  double worst = 0;
+  auto chk = [&](std::size_t i) {
+    if (!std::isfinite(a[i])) {
+      worst = INFINITY;
+      return;
+    }
+    worst = std::max(worst, std::abs(a[i] - r[i]) / (rel * std::abs(r[i]) + abs_floor));
+  };
+  if (!o_layout) {
+    for (std::size_t i = 0; i < a.size(); ++i) chk(i);
+  } else {
+    const Config& c = d.cfg;
+    for (int b = 0; b < c.B; ++b)
+      for (int t = 0; t < c.T; ++t)
+        for (int hv = 0; hv < c.HV; ++hv)
+          for (int i = 0; i < c.V; ++i) chk(b * d.os[0] + t * d.os[1] + hv * d.os[2] + i);
+  }
+  return worst;
+}
+
+inline double rms(const std::vector<double>& r) {
+  double s = 0;
+  for (double x : r) s += x * x;
+  return r.empty() ? 0 : std::sqrt(s / double(r.size()));
+}
+
+}  // namespace kla::test

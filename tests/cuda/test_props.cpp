@@ -1,0 +1,291 @@
+// RapidCheck properties on kernel outputs (ctest label cuda_props), each a GoogleTest that
+// skips with a message where no GPU exists:
+//   * both entry points vs the MPFR reference (133 bits) on random shapes: T not a multiple of
+//     the chunk, varlen batches, grouped value heads, initial state, fp32/bf16/fp16,
+//     eps in {0, 1e-12, 1e-6, 1e-3, 1}, key norms spread over 1e-4..1e2 inside one chunk,
+//     decays from none to strong, eta in (0, 1];
+//   * Theorem 1 (eta = 1, eps = 0): with q = k and scale 1 the read-out o_t = S_t^T k_t is v_t;
+//   * Proposition 2: the residual after a step is (1 - eta|k|^2/(|k|^2+eps)) times the one before;
+//   * normalised-key equivalence: KLA(q,k,v,eta) = GDN(q, k/r, v/r, beta = eta);
+//   * consistency: chunkwise == tokenwise; prefill T + n decode steps == prefill T+n; a
+//     sequence split across calls with state hand-off == one call.
+// Bounds are stated next to each property in units of the dtype's unit roundoff u_d and of
+// u32 = 2^-24 (the kernels compute in fp32).
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+
+#include <cstdlib>
+
+#include "checks.hpp"
+
+namespace kla::test {
+namespace {
+
+using Mpfr = kla::ref::Mpfr;
+
+const float kEps[] = {0.0f, 1e-12f, 1e-6f, 1e-3f, 1.0f};
+
+/// A random problem small enough for the MPFR reference (T <= 100, K, V <= 64).
+Config gen_config() {
+  Config c;
+  c.dtype = *rc::gen::element(KLA_DTYPE_FP32, KLA_DTYPE_BF16, KLA_DTYPE_FP16);
+  c.K = 16 * *rc::gen::inRange(1, 5);
+  c.V = 16 * *rc::gen::inRange(1, 5);
+  c.H = *rc::gen::inRange(1, 3);
+  c.HV = c.H * *rc::gen::inRange(1, 3);
+  if (*rc::gen::arbitrary<bool>()) {
+    const int n = *rc::gen::inRange(1, 4);
+    c.cu_seqlens = {0};
+    for (int i = 0; i < n; ++i)
+      c.cu_seqlens.push_back(c.cu_seqlens.back() + *rc::gen::inRange(0, 70));
+    c.B = 1;
+    c.T = std::max(1, c.cu_seqlens.back());
+    c.cu_seqlens.back() = c.T;
+  } else {
+    c.B = *rc::gen::inRange(1, 3);
+    c.T = *rc::gen::inRange(1, 100);
+  }
+  c.eps = *rc::gen::elementOf(std::vector<float>(std::begin(kEps), std::end(kEps)));
+  c.coefficient = *rc::gen::element(KLA_COEFF_KACZMARZ, KLA_COEFF_KACZMARZ, KLA_COEFF_GIVEN);
+  c.readout = *rc::gen::element(KLA_READOUT_SCALE, KLA_READOUT_Q_L2NORM);
+  c.has_g = *rc::gen::arbitrary<bool>();
+  c.decay_max = *rc::gen::element(0.01, 0.2, 1.0, 5.0);
+  c.has_eta = *rc::gen::arbitrary<bool>();
+  c.eta_lo = *rc::gen::element(0.01, 0.5, 1.0);
+  c.has_init = *rc::gen::arbitrary<bool>();
+  c.pad_qk = 8 * *rc::gen::inRange(0, 3);
+  c.pad_o = 8 * *rc::gen::inRange(0, 2);
+  if (c.coefficient == KLA_COEFF_GIVEN) {
+    c.knorm_lo = 0.3, c.knorm_hi = 1.0;  // GDN needs eta|k|^2 <= 2 to stay bounded
+  } else {
+    c.knorm_lo = 1e-4, c.knorm_hi = 1e2;
+  }
+  c.seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 30);
+  return c;
+}
+
+void prop_vs_reference(Entry e) {
+  const Config c = gen_config();
+  const Data d = make_data(c);
+  DeviceProblem dp(d);
+  const Outputs got = run_device(dp, e);
+  const Outputs ref = run_reference<Mpfr>(d);
+  const Comparison cmp = compare(got, ref, d);
+  RC_LOG() << cmp.report << "\n";
+  RC_ASSERT(cmp.ok);
+  RC_ASSERT(padding_untouched(got.o, d));
+}
+
+#define KLA_PROP(name, ...)                             \
+  TEST(CudaProps, name) {                               \
+    KLA_REQUIRE_GPU();                                  \
+    EXPECT_TRUE(rc::check(#name, [] { __VA_ARGS__; })); \
+  }
+
+KLA_PROP(ChunkMatchesMpfrReference, prop_vs_reference(Entry::chunk))
+KLA_PROP(TokenwiseMatchesMpfrReference, prop_vs_reference(Entry::tokenwise))
+
+/// Theorem 1 (eta = 1, eps = 0): S_t^T k_t = v_t, read through o_t = S_t^T q_t with q = k and
+/// scale 1, for every token of the call. Bound: |o - v| <= 2 u_d |v| + 64 K u32 (max|v| + 1)
+/// times the growth of the state (keys with norms in [0.5, 2], values O(1)).
+void prop_thm1(Entry e) {
+  Config c = gen_config();
+  c.cu_seqlens.clear();
+  c.B = *rc::gen::inRange(1, 3);
+  c.T = *rc::gen::inRange(1, 80);
+  c.coefficient = KLA_COEFF_KACZMARZ;
+  c.readout = KLA_READOUT_SCALE;
+  c.scale = 1.0f;
+  c.eps = 0.0f;
+  c.has_eta = false;  // eta = 1
+  c.knorm_lo = 0.5, c.knorm_hi = 2.0;
+  Data d = make_data(c);
+  d.q = d.k;
+  DeviceProblem dp(d);
+  const Outputs got = run_device(dp, e);
+  const double ud = unit_roundoff(c.dtype);
+  double vmax = 0;
+  for (float x : d.v) vmax = std::max(vmax, double(std::abs(x)));
+  const double floor = 64.0 * c.K * kU32 * (vmax + 1.0) * 4.0;
+  for (int b = 0; b < c.B; ++b)
+    for (int t = 0; t < c.T; ++t)
+      for (int hv = 0; hv < c.HV; ++hv)
+        for (int i = 0; i < c.V; ++i) {
+          const double o = got.o[b * d.os[0] + t * d.os[1] + hv * d.os[2] + i];
+          const double v = d.v[b * d.vs[0] + t * d.vs[1] + hv * d.vs[2] + i];
+          RC_ASSERT(std::abs(o - v) <= 2 * ud * std::abs(v) + floor);
+        }
+}
+KLA_PROP(Thm1ReadBackChunk, prop_thm1(Entry::chunk))
+KLA_PROP(Thm1ReadBackTokenwise, prop_thm1(Entry::tokenwise))
+
+/// Proposition 2: one decode step from a known state S0; residual before e = v - alpha S0^T k
+/// (double, on the host) and after e+ = v - S_1^T k = v - o (q = k, scale 1). Claim:
+/// e+ = (1 - eta |k|^2/(|k|^2+eps)) e. Bound: |e+ - f e| <= 2 u_d |o| + 64 K u32 (|v| + |S0^T
+/// k|+1).
+void prop_contraction(Entry e) {
+  Config c = gen_config();
+  c.cu_seqlens.clear();
+  c.T = 1;
+  c.coefficient = KLA_COEFF_KACZMARZ;
+  c.readout = KLA_READOUT_SCALE;
+  c.scale = 1.0f;
+  c.has_init = true;
+  c.knorm_lo = 0.1, c.knorm_hi = 3.0;
+  Data d = make_data(c);
+  d.q = d.k;
+  DeviceProblem dp(d);
+  const Outputs got = run_device(dp, e);
+  const double ud = unit_roundoff(c.dtype);
+  const int group = c.HV / c.H;
+  for (int b = 0; b < c.B; ++b)
+    for (int hv = 0; hv < c.HV; ++hv) {
+      const float* k = d.k.data() + b * d.qs[0] + (hv / group) * d.qs[2];
+      const float* s0 = d.s0.data() + (int64_t(b) * c.HV + hv) * c.K * c.V;
+      const double alpha = d.g.empty() ? 1.0 : std::exp(double(d.g[b * d.gs[0] + hv]));
+      const double eta = d.eta.empty() ? 1.0 : d.eta[b * d.gs[0] + hv];
+      double n2 = 0;
+      for (int r = 0; r < c.K; ++r) n2 += double(k[r]) * k[r];
+      const double f = 1.0 - eta * n2 / (n2 + double(c.eps));
+      RC_ASSERT(f >= -1e-12);
+      RC_ASSERT(f < 1.0);
+      for (int i = 0; i < c.V; ++i) {
+        double sk = 0;
+        for (int r = 0; r < c.K; ++r) sk += double(s0[r * c.V + i]) * k[r];
+        const double v = d.v[b * d.vs[0] + hv * d.vs[2] + i];
+        const double before = v - alpha * sk;
+        const double o = got.o[b * d.os[0] + hv * d.os[2] + i];
+        const double after = v - o;
+        const double bound =
+            2 * ud * std::abs(o) + 64.0 * c.K * kU32 * (std::abs(v) + std::abs(sk) + 1.0);
+        RC_ASSERT(std::abs(after - f * before) <= bound);
+      }
+    }
+}
+KLA_PROP(Prop2ContractionChunk, prop_contraction(Entry::chunk))
+KLA_PROP(Prop2ContractionTokenwise, prop_contraction(Entry::tokenwise))
+
+/// Normalised-key form: KLA(q, k, v, eta) vs GDN(q, k^, v^, beta = eta) with k^ = k/r,
+/// v^ = v/r rounded to the dtype (fp32 only: the rounding of k^ and v^ to bf16/fp16 is itself
+/// an O(u_d) change of the problem). Bound: twice the kernel-vs-reference tolerance.
+void prop_normalized(Entry e) {
+  Config c = gen_config();
+  c.dtype = KLA_DTYPE_FP32;
+  c.coefficient = KLA_COEFF_KACZMARZ;
+  c.knorm_lo = 1e-2, c.knorm_hi = 1e1;
+  const Data d = make_data(c);
+  Data dn = d;
+  dn.cfg.coefficient = KLA_COEFF_GIVEN;
+  const int group = c.HV / c.H;
+  for (int b = 0; b < c.B; ++b)
+    for (int t = 0; t < c.T; ++t)
+      for (int h = 0; h < c.H; ++h) {
+        float* k = dn.k.data() + b * d.qs[0] + t * d.qs[1] + h * d.qs[2];
+        double n2 = 0;
+        for (int r = 0; r < c.K; ++r) n2 += double(k[r]) * k[r];
+        const double rinv = 1.0 / std::sqrt(n2 + double(c.eps));
+        for (int r = 0; r < c.K; ++r) k[r] = float(k[r] * rinv);
+        for (int hv = h * group; hv < (h + 1) * group; ++hv)
+          for (int i = 0; i < c.V; ++i) {
+            float& v = dn.v[b * d.vs[0] + t * d.vs[1] + hv * d.vs[2] + i];
+            v = float(v * rinv);
+          }
+      }
+  DeviceProblem a(d), bn(dn);
+  const Outputs oa = run_device(a, e), ob = run_device(bn, e);
+  const Comparison cmp = compare(oa, ob, d, 2.0);
+  RC_LOG() << cmp.report << "\n";
+  RC_ASSERT(cmp.ok);
+}
+KLA_PROP(NormalizedKeyFormChunk, prop_normalized(Entry::chunk))
+KLA_PROP(NormalizedKeyFormTokenwise, prop_normalized(Entry::tokenwise))
+
+/// chunkwise == tokenwise within twice the kernel-vs-reference tolerance.
+KLA_PROP(ChunkEqualsTokenwise, {
+  const Config c = gen_config();
+  DeviceProblem dp(make_data(c));
+  const Outputs a = run_device(dp, Entry::chunk), b = run_device(dp, Entry::tokenwise);
+  const Comparison cmp = compare(a, b, dp.data, 2.0);
+  RC_LOG() << cmp.report << "\n";
+  RC_ASSERT(cmp.ok);
+})
+
+/// Splits each sequence of a problem at token `cut`: the first part's final state becomes the
+/// second part's initial state; outputs and final state must equal one call over the whole.
+/// `second` runs the second part (decode steps: tokenwise, or chunkwise).
+void prop_split(Entry first, Entry second, bool decode_tail) {
+  Config c = gen_config();
+  c.cu_seqlens.clear();
+  c.T = *rc::gen::inRange(2, 100);
+  const int cut =
+      decode_tail ? c.T - *rc::gen::inRange(1, std::min(c.T, 5)) : *rc::gen::inRange(1, c.T);
+  const Data whole = make_data(c);
+  DeviceProblem dw(whole);
+  const Outputs one = run_device(dw, first);
+
+  auto part = [&](int t0, int t1) {
+    Data p = whole;
+    p.cfg.T = t1 - t0;
+    p.qs[0] = whole.qs[0];
+    p.q.clear(), p.k.clear(), p.v.clear(), p.g.clear(), p.eta.clear();
+    // Same strides; just copy the tokens [t0, t1) into a buffer of T' tokens.
+    p.qs[0] = p.qs[1] * p.cfg.T;
+    p.vs[0] = p.vs[1] * p.cfg.T;
+    p.os[0] = p.os[1] * p.cfg.T;
+    p.gs[0] = int64_t(c.HV) * p.cfg.T;
+    p.q.resize(c.B * p.qs[0]), p.k.resize(c.B * p.qs[0]), p.v.resize(c.B * p.vs[0]);
+    for (int b = 0; b < c.B; ++b)
+      for (int t = t0; t < t1; ++t) {
+        for (int64_t i = 0; i < p.qs[1]; ++i) {
+          p.q[b * p.qs[0] + (t - t0) * p.qs[1] + i] =
+              whole.q[b * whole.qs[0] + t * whole.qs[1] + i];
+          p.k[b * p.qs[0] + (t - t0) * p.qs[1] + i] =
+              whole.k[b * whole.qs[0] + t * whole.qs[1] + i];
+        }
+        for (int64_t i = 0; i < p.vs[1]; ++i)
+          p.v[b * p.vs[0] + (t - t0) * p.vs[1] + i] =
+              whole.v[b * whole.vs[0] + t * whole.vs[1] + i];
+        for (int hv = 0; hv < c.HV; ++hv) {
+          if (!whole.g.empty()) p.g.push_back(whole.g[b * whole.gs[0] + t * whole.gs[1] + hv]);
+          if (!whole.eta.empty())
+            p.eta.push_back(whole.eta[b * whole.gs[0] + t * whole.gs[1] + hv]);
+        }
+      }
+    return p;
+  };
+  const Data d1 = part(0, cut);
+  DeviceProblem p1(d1);
+  const Outputs r1 = run_device(p1, first);
+  Data d2 = part(cut, c.T);
+  d2.cfg.has_init = true;
+  d2.s0.assign(r1.state.begin(), r1.state.end());
+  DeviceProblem p2(d2);
+  const Outputs r2 = run_device(p2, second);
+  // Stitch o back together in the whole problem's layout.
+  Outputs stitched;
+  stitched.o.assign(whole.o_elems(), 0.0);
+  for (int b = 0; b < c.B; ++b)
+    for (int t = 0; t < c.T; ++t)
+      for (int64_t i = 0; i < whole.os[1]; ++i)
+        stitched.o[b * whole.os[0] + t * whole.os[1] + i] =
+            t < cut ? r1.o[b * d1.os[0] + t * d1.os[1] + i]
+                    : r2.o[b * d2.os[0] + (t - cut) * d2.os[1] + i];
+  stitched.state = r2.state;
+  const Comparison cmp = compare(stitched, one, whole, 2.0);
+  RC_LOG() << "cut " << cut << ": " << cmp.report << "\n";
+  RC_ASSERT(cmp.ok);
+}
+KLA_PROP(PrefillThenDecodeEqualsLongerPrefill, prop_split(Entry::chunk, Entry::tokenwise, true))
+KLA_PROP(SplitWithStateHandOffChunk, prop_split(Entry::chunk, Entry::chunk, false))
+KLA_PROP(SplitWithStateHandOffTokenwise, prop_split(Entry::tokenwise, Entry::tokenwise, false))
+
+}  // namespace
+}  // namespace kla::test
+
+int main(int argc, char** argv) {
+  // Property runs call the MPFR reference: keep the default case count modest and skip
+  // shrinking (each shrink step reruns the reference); RC_PARAMS overrides both.
+  setenv("RC_PARAMS", "max_success=40 noshrink=1", 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,346 @@
+// Host-side validation of kla_params (runs everywhere, no GPU needed): every class of bad input
+// returns its status and a message naming the argument, and the entry points write nothing
+// (o and final_state here are host buffers filled with a sentinel that must survive).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kla/kla.h"
+#include "kla/kla.hpp"
+
+#ifdef KLA_TEST_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+constexpr int B = 2, T = 5, H = 2, HV = 4, K = 32, V = 64;
+
+struct Fixture {
+  std::vector<float> q, k, v, o, g, eta, s0, sf;
+  std::vector<int32_t> cu, cu_dev_stand_in, idx;
+  kla_params p;
+
+  Fixture() {
+    q.assign(B * T * H * K + 64, 1.0f);
+    k = q;
+    v.assign(B * T * HV * V + 64, 1.0f);
+    o.assign(B * T * HV * V + 64, 12345.0f);
+    g.assign(B * T * HV, -0.1f);
+    eta.assign(B * T * HV, 1.0f);
+    s0.assign(B * HV * K * V + 64, 0.5f);
+    sf.assign(B * HV * K * V + 64, 12345.0f);
+    kla_params_init(&p);
+    p.dtype = KLA_DTYPE_FP32;
+    p.batch = B, p.seq_len = T, p.num_heads = H, p.num_v_heads = HV;
+    p.head_dim_k = K, p.head_dim_v = V;
+    p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data();
+    const int64_t qs[3] = {T * H * K, H * K, K}, vs[3] = {T * HV * V, HV * V, V};
+    for (int i = 0; i < 3; ++i) {
+      p.q_strides[i] = p.k_strides[i] = qs[i];
+      p.v_strides[i] = p.o_strides[i] = vs[i];
+    }
+    p.g = g.data(), p.eta = eta.data();
+    p.g_strides[0] = p.eta_strides[0] = T * HV;
+    p.g_strides[1] = p.eta_strides[1] = HV;
+    p.initial_state = s0.data();
+    p.final_state = sf.data();
+  }
+  bool untouched() const {
+    for (float x : o)
+      if (x != 12345.0f) return false;
+    for (float x : sf)
+      if (x != 12345.0f) return false;
+    return true;
+  }
+};
+
+#ifdef KLA_TEST_WITH_CUDA
+bool have_gpu() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  (void)cudaGetLastError();
+  return ok;
+}
+#endif
+
+/// Expects `st` from kla_validate and both entry points, a message containing `needle`, and
+/// nothing written.
+void expect_rejected(Fixture& f, kla_status st, const std::string& needle) {
+  EXPECT_EQ(kla_validate(&f.p), st) << kla_last_error_message();
+  EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos)
+      << "message '" << kla_last_error_message() << "' does not name '" << needle << "'";
+#ifdef KLA_TEST_WITH_CUDA
+  EXPECT_EQ(kla_chunk_forward(&f.p, nullptr), st);
+  EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos);
+  EXPECT_EQ(kla_tokenwise_forward(&f.p, nullptr), st);
+  EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos);
+#endif
+  EXPECT_TRUE(f.untouched());
+}
+
+TEST(Validate, AcceptsAValidProblem) {
+  Fixture f;
+  EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS) << kla_last_error_message();
+  EXPECT_STREQ(kla_last_error_message(), "");
+  f.p.final_state = const_cast<float*>(f.p.initial_state);  // in place is allowed
+  EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS) << kla_last_error_message();
+  f.p.g = nullptr, f.p.eta = nullptr, f.p.initial_state = nullptr, f.p.final_state = nullptr;
+  EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS) << kla_last_error_message();
+}
+
+TEST(Validate, NullPointers) {
+  EXPECT_EQ(kla_validate(nullptr), KLA_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(kla_last_error_message()).find("params"), std::string::npos);
+  for (const char* name : {"q", "k", "v", "o"}) {
+    Fixture f;
+    if (!std::strcmp(name, "q")) f.p.q = nullptr;
+    if (!std::strcmp(name, "k")) f.p.k = nullptr;
+    if (!std::strcmp(name, "v")) f.p.v = nullptr;
+    if (!std::strcmp(name, "o")) f.p.o = nullptr;
+    expect_rejected(f, KLA_ERROR_NULL_POINTER, std::string(name) + " is NULL");
+  }
+}
+
+TEST(Validate, NonPositiveSizes) {
+  const char* names[] = {"batch",       "seq_len",    "num_heads",
+                         "num_v_heads", "head_dim_k", "head_dim_v"};
+  for (int i = 0; i < 6; ++i)
+    for (int64_t bad : {0, -3}) {
+      Fixture f;
+      int64_t* fields[] = {&f.p.batch,       &f.p.seq_len,    &f.p.num_heads,
+                           &f.p.num_v_heads, &f.p.head_dim_k, &f.p.head_dim_v};
+      *fields[i] = bad;
+      expect_rejected(f, KLA_ERROR_INVALID_SIZE, names[i]);
+    }
+}
+
+TEST(Validate, GroupedHeadsMustDivide) {
+  Fixture f;
+  f.p.num_v_heads = 3;
+  expect_rejected(f, KLA_ERROR_SHAPE_MISMATCH, "num_v_heads");
+}
+
+TEST(Validate, UnsupportedHeadDimsAndDtype) {
+  for (int64_t d : {8, 72, 100, 272}) {
+    Fixture f;
+    f.p.head_dim_k = d;
+    expect_rejected(f, KLA_ERROR_UNSUPPORTED_HEAD_DIM, "head_dim_k");
+    Fixture f2;
+    f2.p.head_dim_v = d;
+    expect_rejected(f2, KLA_ERROR_UNSUPPORTED_HEAD_DIM, "head_dim_v");
+  }
+  Fixture f;
+  f.p.dtype = static_cast<kla_dtype>(7);
+  expect_rejected(f, KLA_ERROR_UNSUPPORTED_DTYPE, "dtype");
+}
+
+TEST(Validate, AlignmentAndStrides) {
+  {
+    Fixture f;
+    f.p.q = reinterpret_cast<const char*>(f.q.data()) + 4;
+    expect_rejected(f, KLA_ERROR_MISALIGNED, "q is not 16-byte aligned");
+  }
+  {
+    Fixture f;
+    f.p.v_strides[1] = HV * V + 1;  // 4 bytes off
+    expect_rejected(f, KLA_ERROR_MISALIGNED, "v_strides[1]");
+  }
+  {
+    Fixture f;
+    f.p.k_strides[2] = -K;
+    expect_rejected(f, KLA_ERROR_BAD_STRIDE, "k_strides[2]");
+  }
+  {
+    Fixture f;
+    f.p.o_strides[2] = V / 2;  // heads of o would overlap
+    expect_rejected(f, KLA_ERROR_BAD_STRIDE, "o_strides[2]");
+  }
+  {
+    Fixture f;
+    f.p.o_strides[0] = 8;  // batch rows of o would overlap
+    expect_rejected(f, KLA_ERROR_BAD_STRIDE, "o_strides[0]");
+  }
+  {
+    Fixture f;
+    f.p.g_strides[1] = 0;
+    expect_rejected(f, KLA_ERROR_BAD_STRIDE, "g_strides[1]");
+  }
+  {
+    Fixture f;
+    f.p.initial_state = f.s0.data() + 1;
+    expect_rejected(f, KLA_ERROR_MISALIGNED, "initial_state");
+  }
+}
+
+TEST(Validate, ScalarValues) {
+  for (float eps : {-1e-6f, NAN, INFINITY}) {
+    Fixture f;
+    f.p.eps = eps;
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "eps");
+  }
+  {
+    Fixture f;
+    f.p.scale = INFINITY;
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "scale");
+  }
+  {
+    Fixture f;
+    f.p.eta = nullptr;
+    f.p.eta_value = NAN;
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "eta_value");
+  }
+  {
+    Fixture f;
+    f.p.coefficient = static_cast<kla_coefficient>(4);
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "coefficient");
+  }
+  {
+    Fixture f;
+    f.p.readout = static_cast<kla_readout>(-1);
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "readout");
+  }
+}
+
+TEST(Validate, CuSeqlens) {
+  auto varlen = [](Fixture& f, std::vector<int32_t> cu) {
+    f.cu = std::move(cu);
+    f.cu_dev_stand_in = f.cu;
+    f.p.batch = 1;
+    f.p.seq_len = 10;
+    f.p.cu_seqlens = f.cu_dev_stand_in.data();
+    f.p.cu_seqlens_host = f.cu.data();
+    f.p.num_seqs = int64_t(f.cu.size()) - 1;
+    f.p.initial_state = nullptr;
+    f.p.final_state = nullptr;
+  };
+  {
+    Fixture f;
+    varlen(f, {0, 4, 10});
+    EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS) << kla_last_error_message();
+  }
+  {
+    Fixture f;
+    varlen(f, {1, 4, 10});
+    expect_rejected(f, KLA_ERROR_BAD_CU_SEQLENS, "cu_seqlens[0]");
+  }
+  {
+    Fixture f;
+    varlen(f, {0, 6, 4, 10});
+    expect_rejected(f, KLA_ERROR_BAD_CU_SEQLENS, "not monotonic");
+  }
+  {
+    Fixture f;
+    varlen(f, {0, 4, 9});
+    expect_rejected(f, KLA_ERROR_BAD_CU_SEQLENS, "must equal seq_len");
+  }
+  {
+    Fixture f;
+    varlen(f, {0, 4, 10});
+    f.p.batch = 2;
+    f.p.o_strides[0] = 10 * HV * V;  // keep o non-overlapping: the batch check is what fails
+    expect_rejected(f, KLA_ERROR_SHAPE_MISMATCH, "cu_seqlens needs batch = 1");
+  }
+  {
+    Fixture f;
+    varlen(f, {0, 4, 10});
+    f.p.cu_seqlens_host = nullptr;
+    expect_rejected(f, KLA_ERROR_NULL_POINTER, "cu_seqlens_host");
+  }
+  {
+    Fixture f;
+    varlen(f, {0, 4, 10});
+    f.p.num_seqs = 0;
+    expect_rejected(f, KLA_ERROR_INVALID_SIZE, "num_seqs");
+  }
+}
+
+TEST(Validate, StatePool) {
+  auto pooled = [](Fixture& f, std::vector<int32_t> idx, int64_t pool_size) {
+    f.idx = std::move(idx);
+    f.cu_dev_stand_in = f.idx;
+    f.p.initial_state = nullptr;
+    f.p.final_state = nullptr;
+    f.p.state_pool = f.sf.data();
+    f.p.pool_size = pool_size;
+    f.p.state_indices = f.cu_dev_stand_in.data();
+    f.p.state_indices_host = f.idx.data();
+  };
+  {
+    Fixture f;
+    pooled(f, {1, -1}, 2);
+    EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS) << kla_last_error_message();
+  }
+  // Pool rows live in sf, so "nothing written" covers the pool too.
+  for (auto idx : {std::vector<int32_t>{2, 0}, std::vector<int32_t>{0, -2}}) {
+    Fixture f;
+    pooled(f, idx, 2);
+    expect_rejected(f, KLA_ERROR_BAD_INDEX, "state_indices[");
+  }
+  {
+    Fixture f;
+    pooled(f, {1, 1}, 2);
+    expect_rejected(f, KLA_ERROR_BAD_INDEX, "repeats");
+  }
+  {
+    Fixture f;
+    pooled(f, {0, 1}, 0);
+    expect_rejected(f, KLA_ERROR_INVALID_SIZE, "pool_size");
+  }
+  {
+    Fixture f;
+    pooled(f, {0, 1}, 2);
+    f.p.initial_state = f.s0.data();
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "state_pool excludes");
+  }
+  {
+    Fixture f;
+    pooled(f, {0, 1}, 2);
+    f.p.state_indices_host = nullptr;
+    expect_rejected(f, KLA_ERROR_NULL_POINTER, "state_indices_host");
+  }
+}
+
+TEST(Validate, PartiallyOverlappingStates) {
+  Fixture f;
+  f.p.initial_state = f.sf.data() + 16;
+  expect_rejected(f, KLA_ERROR_INVALID_VALUE, "overlaps");
+}
+
+TEST(Validate, StatusStringsAndVersion) {
+  std::set<std::string> seen;
+  for (int s = 0; s <= KLA_ERROR_CUDA; ++s)
+    EXPECT_TRUE(seen.insert(kla_status_string(static_cast<kla_status>(s))).second);
+  EXPECT_STREQ(kla_status_string(static_cast<kla_status>(99)), "KLA_ERROR_UNKNOWN_STATUS");
+  EXPECT_GT(std::strlen(kla_version_string()), 0u);
+  EXPECT_EQ(kla_workspace_size(nullptr), 0u);
+}
+
+TEST(Validate, CppWrapper) {
+  kla::cuda::Params p;  // defaults: no sizes
+  EXPECT_EQ(kla::cuda::validate(p), KLA_ERROR_INVALID_SIZE);
+  try {
+    kla::cuda::check(kla::cuda::validate(p));
+    FAIL() << "no throw";
+  } catch (const kla::cuda::Error& e) {
+    EXPECT_EQ(e.status(), KLA_ERROR_INVALID_SIZE);
+    EXPECT_NE(std::string(e.what()).find("batch"), std::string::npos);
+  }
+}
+
+#ifdef KLA_TEST_WITH_CUDA
+TEST(Validate, NoDeviceIsReported) {
+  if (have_gpu()) GTEST_SKIP() << "a CUDA device is present; the no-device path is not reachable";
+  Fixture f;
+  EXPECT_EQ(kla_chunk_forward(&f.p, nullptr), KLA_ERROR_NO_DEVICE);
+  EXPECT_NE(std::string(kla_last_error_message()).find("no CUDA device"), std::string::npos);
+  EXPECT_EQ(kla_tokenwise_forward(&f.p, nullptr), KLA_ERROR_NO_DEVICE);
+  EXPECT_TRUE(f.untouched());
+}
+#endif
+
+}  // namespace

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU suite: every GPU test and kernel benchmark of kla::cuda in one call, a summary table
+# printed last.
+#
+#   tools/gpu_suite.sh stage   (here, no GPU needed) configure + build the `gpu` CMake preset
+#                              and copy the stripped binaries to build-gpu/dist (a few MB,
+#                              carried to the GPU machine)
+#   tools/gpu_suite.sh         (on the GPU machine, from the repository root) run everything
+#
+# The binaries are invoked directly (ctest's absolute paths differ on the GPU machine). Logs
+# and tables go to $OUT (the device tool's output folder) or build-gpu/dist/out.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DIST=${KLA_GPU_DIST:-$ROOT/build-gpu/dist}
+
+if [[ ${1:-} == stage ]]; then
+  set -e
+  cd "$ROOT"
+  cmake --preset gpu >/dev/null
+  cmake --build build-gpu --target kla_cuda test_cuda_validate test_cuda_kernels test_cuda_props \
+    test_cuda_accuracy kla_example_c kla_example_cpp bench_kla
+  rm -rf "$DIST" && mkdir -p "$DIST"
+  for b in tests/cuda/test_cuda_validate tests/cuda/test_cuda_kernels tests/cuda/test_cuda_props \
+           tests/cuda/test_cuda_accuracy tests/cuda/kla_example_c tests/cuda/kla_example_cpp \
+           tests/cuda/bench_kla; do
+    cp "build-gpu/$b" "$DIST/" && strip "$DIST/$(basename "$b")"
+  done
+  cp -P build-gpu/cuda/libkla_cuda.so* "$DIST/"
+  strip "$DIST"/libkla_cuda.so.*.*.* 2>/dev/null || true
+  du -sh "$DIST"
+  exit 0
+fi
+
+OUTDIR=${OUT:-$DIST/out}
+mkdir -p "$OUTDIR"
+LOG=$OUTDIR/suite.log
+: >"$LOG"
+export LD_LIBRARY_PATH=$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+SUMMARY=()
+
+nvidia-smi -L 2>&1 | tee -a "$LOG"
+
+# run NAME TIMEOUT CMD...: runs a step, keeps its output in the log, records gtest counts.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  echo "===== $name: $*" | tee -a "$LOG"
+  local tmp=$OUTDIR/.step.log
+  timeout "$limit" "$@" >"$tmp" 2>&1
+  local rc=$?
+  cat "$tmp" >>"$LOG"
+  local passed failed skipped
+  passed=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$tmp" | grep -Eo '[0-9]+$' | tail -1)
+  failed=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$tmp" | grep -Eo '[0-9]+' | tail -1)
+  skipped=$(grep -Eo '^\[  SKIPPED \] [0-9]+' "$tmp" | grep -Eo '[0-9]+$' | tail -1)
+  local errs
+  errs=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$tmp" | tail -1 | grep -Eo '[0-9]+$')
+  tail -n 25 "$tmp"
+  rm -f "$tmp"
+  SUMMARY+=("$(printf '| %-22s | %3s | %6s | %6s | %7s | %9s | %5ss |' "$name" "$rc" \
+    "${passed:--}" "${failed:-0}" "${skipped:-0}" "${errs:--}" "$((SECONDS - t0))")")
+}
+
+run validate 120 "$DIST/test_cuda_validate"
+run kernels 400 "$DIST/test_cuda_kernels"
+run props 400 "$DIST/test_cuda_props"
+KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
+run example_c 60 "$DIST/kla_example_c"
+run example_cpp 60 "$DIST/kla_example_cpp"
+SAN_FILTER='CudaKernels.ZeroKey*:CudaKernels.StatePool*:CudaKernels.TinyKeys*:CudaKernels.InPlace*:CudaKernels.DefaultScale*:CudaKernels.Graph*'
+if command -v compute-sanitizer >/dev/null; then
+  run memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_kernels" \
+    --gtest_filter="$SAN_FILTER"
+  run racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$DIST/test_cuda_kernels" \
+    --gtest_filter="$SAN_FILTER"
+else
+  SUMMARY+=("| sanitizers             | compute-sanitizer not found |")
+fi
+run bench 300 "$DIST/bench_kla" "$OUTDIR/bench.md"
+
+{
+  echo
+  [[ -f $OUTDIR/accuracy.md ]] && { echo "accuracy (relative RMS vs MPFR, T=2048, K=V=128):"; cat "$OUTDIR/accuracy.md"; echo; }
+  [[ -f $OUTDIR/bench.md ]] && { cat "$OUTDIR/bench.md"; echo; }
+  echo "| step                   |  rc | passed | failed | skipped | sanitizer | time  |"
+  echo "|------------------------|-----|--------|--------|---------|-----------|-------|"
+  printf '%s\n' "${SUMMARY[@]}"
+} | tee "$OUTDIR/summary.md"
