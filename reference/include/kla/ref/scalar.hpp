@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -71,8 +72,70 @@ struct ScalarTraits {
   }
 };
 
+namespace detail {
+
+template <class L>
+L from_bits(std::uint16_t b) {
+  return Eigen::numext::bit_cast<L>(b);
+}
+template <class L>
+std::uint16_t to_bits(L x) {
+  return Eigen::numext::bit_cast<std::uint16_t>(x);
+}
+
+/// x rounded once, to nearest with ties to even, into the 16-bit type L. Converting through
+/// float would round twice (x → float lands on a tie that the second rounding breaks the wrong
+/// way), so the candidate from float is corrected: the answer is it or one of its neighbours,
+/// and their distances to x are exact in U (Sterbenz; U = Rational is exact anyway).
+template <class L, class U>
+L round_to_16bit(const U& x) {
+  float f;
+  if constexpr (std::is_arithmetic_v<U>)
+    f = static_cast<float>(x);
+  else
+    f = x.template convert_to<float>();
+  const L guess(f);
+  if (!std::isfinite(f) || x == U(0)) return guess;  // inf, NaN, beyond float; or ±0
+  constexpr std::uint16_t sign_bit = 0x8000;
+  const bool negative = x < U(0);
+  const std::uint16_t inf_bits = to_bits(Eigen::NumTraits<L>::infinity()) & 0x7fff;
+  std::uint16_t mag = to_bits(guess) & 0x7fff;
+  if (mag > inf_bits) return guess;  // NaN
+  auto value_of = [&](std::uint16_t m) -> U {
+    // Infinity's slot stands for 2^(emax+1), one ulp past the largest finite value: x rounds
+    // to infinity exactly when it is nearer to that than to the largest finite value.
+    U v;
+    if (m == inf_bits) {
+      const U mx(static_cast<float>(from_bits<L>(static_cast<std::uint16_t>(inf_bits - 1))));
+      const U pv(static_cast<float>(from_bits<L>(static_cast<std::uint16_t>(inf_bits - 2))));
+      v = mx + (mx - pv);
+    } else {
+      v = U(static_cast<float>(from_bits<L>(m)));
+    }
+    return negative ? U(-v) : v;
+  };
+  auto distance = [&](std::uint16_t m) -> U {
+    const U d = x - value_of(m);
+    return d < U(0) ? U(-d) : d;
+  };
+  std::uint16_t best = mag;
+  U best_d = distance(mag);
+  for (const int step : {-1, 1}) {
+    const int m = int(mag) + step;
+    if (m < 0 || m > int(inf_bits)) continue;
+    const U d = distance(static_cast<std::uint16_t>(m));
+    if (d < best_d || (d == best_d && (m & 1) == 0)) {
+      best = static_cast<std::uint16_t>(m);
+      best_d = d;
+    }
+  }
+  return from_bits<L>(static_cast<std::uint16_t>(best | (negative ? sign_bit : 0)));
+}
+
+}  // namespace detail
+
 /// Converts any arithmetic value (double, float, Rational, Mpfr, bf16, fp16) to T with one
-/// rounding (exact when T is Rational and the source is a binary float or rational).
+/// rounding to nearest, ties to even (exact when T can hold the value).
 template <class T, class U>
 T scalar_cast(const U& x) {
   if constexpr (std::is_same_v<T, U>) {
@@ -80,12 +143,12 @@ T scalar_cast(const U& x) {
   } else if constexpr (std::is_same_v<U, bf16> || std::is_same_v<U, fp16>) {
     return scalar_cast<T>(static_cast<float>(x));  // widening to float is exact
   } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-    if constexpr (std::is_arithmetic_v<U>)
-      return T(static_cast<float>(x));
+    if constexpr (std::is_same_v<U, float>)
+      return T(x);  // Eigen's float → bf16/fp16 conversion rounds once, to nearest even
     else
-      return T(static_cast<float>(x.template convert_to<double>()));
+      return detail::round_to_16bit<T>(x);
   } else if constexpr (std::is_arithmetic_v<T> && !std::is_arithmetic_v<U>) {
-    return x.template convert_to<T>();
+    return x.template convert_to<T>();  // correctly rounded for GMP rationals and MPFR
   } else {
     return T(x);
   }

@@ -79,6 +79,7 @@ void forward(const SequenceBatch<E>& in, const Options<T>& opt, Algorithm alg, T
   const auto HV = in.v.shape[2], V = in.v.shape[3];
   if (in.q.shape != in.k.shape) bad("q and k must have the same shape [B,T,H,K]");
   if (in.v.shape[0] != B || in.v.shape[1] != Tn) bad("v must be [B,T,HV,V]");
+  if (B < 0 || Tn < 0 || K <= 0 || V <= 0) bad("sizes must be non-negative and K, V positive");
   if (H <= 0 || HV % H != 0) bad("HV must be a positive multiple of H");
   if (o.shape != in.v.shape) bad("o must have the shape of v");
   const std::array<std::int64_t, 3> gate{B, Tn, HV};
@@ -107,6 +108,11 @@ void forward(const SequenceBatch<E>& in, const Options<T>& opt, Algorithm alg, T
     bad("initial_state must be [N,HV,K,V]");
   if (final_state && final_state.shape != state_shape) bad("final_state must be [N,HV,K,V]");
   if (alg.kind == Algorithm::chunkwise && alg.chunk < 1) bad("chunk length must be >= 1");
+  if constexpr (!ScalarTraits<T>::has_transcendentals) {
+    // Refused here, not per head, so nothing is written before the error.
+    if (in.log_decay) bad("log_decay needs a scalar type with exp; pass decay factors instead");
+    if (opt.readout == Readout::q_l2norm) bad("q l2-norm read-out needs a scalar type with sqrt");
+  }
 
   const std::int64_t group = HV / H;
   for (size_t n = 0; n < seqs.size(); ++n) {
@@ -133,8 +139,6 @@ void forward(const SequenceBatch<E>& in, const Options<T>& opt, Algorithm alg, T
         if (in.log_decay) {
           if constexpr (ScalarTraits<T>::has_transcendentals)
             hi.alpha(t, 0) = exp_of(scalar_cast<T>(in.log_decay(b, t0 + t, hv)));
-          else
-            bad("log_decay needs a scalar type with exp; pass decay factors instead");
         }
       }
       Mat<T> S0 = Mat<T>::Zero(K, V);
