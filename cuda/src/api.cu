@@ -1,11 +1,13 @@
 // The CUDA entry points of the C ABI (kla.h): validate on the host, check for a device,
 // translate kla_params into the kernels' plain KernelParams, dispatch on dtype, launch on the
 // caller's stream. No host synchronisation, no allocation: capturable in a CUDA graph.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "dispatch.hpp"
 #include "internal.hpp"
+#include "workspace.hpp"
 #include "kla/kla.h"
 
 namespace {
@@ -47,6 +49,14 @@ kla::kernels::KernelParams translate(const kla_params& p) {
   k.HV = int(p.num_v_heads);
   k.K = int(p.head_dim_k);
   k.V = int(p.head_dim_v);
+  k.ws = static_cast<float*>(p.workspace);
+  int64_t longest = p.seq_len;
+  if (p.cu_seqlens_host) {
+    longest = 0;
+    for (int64_t n = 0; n < p.num_seqs; ++n)
+      longest = std::max<int64_t>(longest, p.cu_seqlens_host[n + 1] - p.cu_seqlens_host[n]);
+  }
+  k.max_chunks = int((longest + kla::detail::kFastChunk - 1) / kla::detail::kFastChunk);
   return k;
 }
 
@@ -90,15 +100,22 @@ kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream) {
   if (kla_status s = current_device(dev)) return s;
   const KernelParams kp = translate(*p);
   cudaError_t e = cudaSuccess;
+  bool ran = false;  // fast path (needs the workspace) taken
   switch (p->dtype) {
     case KLA_DTYPE_FP32:
-      e = kla::kernels::launch_chunk<float>(kp, stream, dev.sms, dev.max_smem);
+      e = kla::kernels::launch_chunk_fast<float>(kp, stream, dev.sms, dev.max_smem, ran);
+      if (e == cudaSuccess && !ran)
+        e = kla::kernels::launch_chunk<float>(kp, stream, dev.sms, dev.max_smem);
       break;
     case KLA_DTYPE_BF16:
-      e = kla::kernels::launch_chunk<__nv_bfloat16>(kp, stream, dev.sms, dev.max_smem);
+      e = kla::kernels::launch_chunk_fast<__nv_bfloat16>(kp, stream, dev.sms, dev.max_smem, ran);
+      if (e == cudaSuccess && !ran)
+        e = kla::kernels::launch_chunk<__nv_bfloat16>(kp, stream, dev.sms, dev.max_smem);
       break;
     case KLA_DTYPE_FP16:
-      e = kla::kernels::launch_chunk<__half>(kp, stream, dev.sms, dev.max_smem);
+      e = kla::kernels::launch_chunk_fast<__half>(kp, stream, dev.sms, dev.max_smem, ran);
+      if (e == cudaSuccess && !ran)
+        e = kla::kernels::launch_chunk<__half>(kp, stream, dev.sms, dev.max_smem);
       break;
   }
   return launched(e, "kla_chunk_forward launch");

@@ -14,6 +14,9 @@ template <class E>
 cudaError_t launch_tokenwise(const KernelParams& p, cudaStream_t stream);
 template <class E>
 cudaError_t launch_chunk(const KernelParams& p, cudaStream_t stream, int sms, int64_t max_smem);
+template <class E>
+cudaError_t launch_chunk_fast(const KernelParams& p, cudaStream_t stream, int sms, int64_t max_smem,
+                              bool& ran);
 
 extern template cudaError_t launch_tokenwise<float>(const KernelParams&, cudaStream_t);
 extern template cudaError_t launch_tokenwise<__nv_bfloat16>(const KernelParams&, cudaStream_t);
@@ -22,5 +25,11 @@ extern template cudaError_t launch_chunk<float>(const KernelParams&, cudaStream_
 extern template cudaError_t launch_chunk<__nv_bfloat16>(const KernelParams&, cudaStream_t, int,
                                                         int64_t);
 extern template cudaError_t launch_chunk<__half>(const KernelParams&, cudaStream_t, int, int64_t);
+extern template cudaError_t launch_chunk_fast<float>(const KernelParams&, cudaStream_t, int,
+                                                     int64_t, bool&);
+extern template cudaError_t launch_chunk_fast<__nv_bfloat16>(const KernelParams&, cudaStream_t, int,
+                                                             int64_t, bool&);
+extern template cudaError_t launch_chunk_fast<__half>(const KernelParams&, cudaStream_t, int,
+                                                      int64_t, bool&);
 
 }  // namespace kla::kernels

@@ -36,6 +36,10 @@ struct KernelParams {
   const int32_t* indices;
   const int32_t* cu_seqlens;  // [N+1] or null
   int N, T, H, HV, K, V;
+  // Fast chunkwise path (chunk_fast.cuh): the caller's workspace (null: generic kernel) and
+  // the largest number of 64-token chunks of one sequence.
+  float* ws;
+  int max_chunks;
 };
 
 template <class E>

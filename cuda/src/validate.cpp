@@ -10,6 +10,7 @@
 
 #include "kla/kla.h"
 #include "internal.hpp"
+#include "workspace.hpp"
 
 #ifndef KLA_VERSION_STRING
 #define KLA_VERSION_STRING "0.0.0"
@@ -250,11 +251,29 @@ kla_status kla_validate(const kla_params* p) {
           KLA_ERROR_INVALID_VALUE,
           "final_state partially overlaps initial_state (use the same pointer for in place)");
   }
+  if (p->workspace) {
+    if (!aligned16(p->workspace))
+      return fail(KLA_ERROR_MISALIGNED, "workspace is not 16-byte aligned");
+    const std::size_t need = kla_workspace_size(p);
+    if (p->workspace_size < need)
+      return fail(KLA_ERROR_INVALID_SIZE, cat("workspace_size = ", p->workspace_size,
+                                              " is less than kla_workspace_size() = ", need));
+  }
   return KLA_SUCCESS;
 }
 
-size_t kla_workspace_size(const kla_params*) {
-  return 0;
+size_t kla_workspace_size(const kla_params* p) {
+  // Depends on sizes only (batch / num_seqs, seq_len, num_v_heads); 0 where they are unusable.
+  if (!p || p->seq_len <= 0 || p->num_v_heads <= 0 || p->seq_len > INT32_MAX) return 0;
+  const bool packed = p->cu_seqlens != nullptr || p->cu_seqlens_host != nullptr;
+  const int64_t N = packed ? p->num_seqs : p->batch;
+  if (N <= 0 || N > INT32_MAX || p->num_v_heads > INT32_MAX) return 0;
+  const int64_t slots = kla::detail::fast_chunk_slots(N, p->seq_len, packed);
+  const double bytes = double(slots) * double(p->num_v_heads) *
+                       double(kla::detail::kWsFloatsPerChunk) * sizeof(float);
+  if (bytes > 9.0e18) return 0;
+  return static_cast<size_t>(slots * p->num_v_heads * kla::detail::kWsFloatsPerChunk) *
+         sizeof(float);
 }
 
 const char* kla_status_string(kla_status status) {

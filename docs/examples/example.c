@@ -75,6 +75,9 @@ int main(void) {
   set_layout(&p, T + 1);
   p.eps = 1e-6f;
   p.final_state = state; /* initial_state NULL: start from zero */
+  /* The chunkwise fast path needs a device workspace (NULL runs a slower kernel). */
+  p.workspace_size = kla_workspace_size(&p);
+  if (cudaMalloc(&p.workspace, p.workspace_size) != cudaSuccess) return 1;
   kla_status s = kla_chunk_forward(&p, NULL);
   if (s != KLA_SUCCESS) {
     fprintf(stderr, "kla_chunk_forward: %s: %s\n", kla_status_string(s), kla_last_error_message());
@@ -116,6 +119,7 @@ int main(void) {
       }
   printf("kla %s: outputs finite=%d checksum=%.6f\n", kla_version_string(), finite, sum);
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(g), cudaFree(o), cudaFree(state);
+  cudaFree(p.workspace);
   free(hq), free(hk), free(hv), free(hg), free(ho);
   return finite && s == KLA_ERROR_SHAPE_MISMATCH ? 0 : 1;
 }

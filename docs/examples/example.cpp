@@ -68,6 +68,8 @@ int main() {
   p.cu_seqlens_host = cu.data();
   p.num_seqs = N;
   p.final_state = dstate;
+  p.workspace_size = kla_workspace_size(&p);  // chunkwise fast path (NULL: slower kernel)
+  cudaMalloc(&p.workspace, p.workspace_size);
   try {
     kla::cuda::chunk_forward(p, stream);
 
@@ -111,7 +113,7 @@ int main() {
   }
   std::printf("kla %s: outputs finite=%d checksum=%.4f\n", kla::cuda::version().c_str(),
               int(finite), sum);
-  for (void* x : {dq, dk, dv, dcu, dout, static_cast<void*>(dstate)}) cudaFree(x);
+  for (void* x : {dq, dk, dv, dcu, dout, static_cast<void*>(dstate), p.workspace}) cudaFree(x);
   cudaStreamDestroy(stream);
   return finite && cudaGetLastError() == cudaSuccess ? 0 : 1;
 }

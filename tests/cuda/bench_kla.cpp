@@ -7,6 +7,7 @@
 // Prints a table; with an argument, also writes it to that file.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -137,6 +138,8 @@ struct Problem {
       p.final_state = s;  // in place
     }
     p.eps = 1e-6f;
+    p.workspace_size = kla_workspace_size(&p);
+    p.workspace = alloc(p.workspace_size);  // chunkwise workspace (unused by decode)
   }
   ~Problem() {
     for (void* b : bufs) cudaFree(b);
@@ -175,7 +178,10 @@ int main(int argc, char** argv) {
 
   out << "\n| decode (H=16, K=V=128, T=1, bf16, fp32 state in place) | us/call | graph us/call | "
          "floor us | fraction of copy rate |\n|---|---|---|---|---|\n";
+  // KLA_BENCH_QUICK=i: only prefill shape i (tuning runs).
+  const bool quick = std::getenv("KLA_BENCH_QUICK") != nullptr;
   for (int B : {1, 8, 64, 256}) {
+    if (quick) break;
     Problem pr(KLA_DTYPE_BF16, B, 1, 16, 128, 128, true);
     const double us = time_us([&] { KK(kla_tokenwise_forward(&pr.p, s)); }, 200, 9, s);
     // Graph replay of 20 calls.
@@ -199,18 +205,25 @@ int main(int argc, char** argv) {
   struct Shape {
     int B, T, H, K, V;
     kla_dtype dt;
+    bool workspace;  // false: the workspace-free generic kernel
   };
-  const Shape shapes[] = {
-      {1, 32768, 16, 128, 128, KLA_DTYPE_BF16}, {4, 8192, 16, 128, 128, KLA_DTYPE_BF16},
-      {8, 4096, 16, 128, 128, KLA_DTYPE_BF16},  {1, 32768, 16, 128, 128, KLA_DTYPE_FP16},
-      {1, 32768, 16, 128, 128, KLA_DTYPE_FP32}, {1, 32768, 12, 96, 192, KLA_DTYPE_BF16}};
+  constexpr kla_dtype bf = KLA_DTYPE_BF16, f16 = KLA_DTYPE_FP16, f32 = KLA_DTYPE_FP32;
+  const Shape shapes[] = {{1, 32768, 16, 128, 128, bf, true},  {4, 8192, 16, 128, 128, bf, true},
+                          {8, 4096, 16, 128, 128, bf, true},   {1, 131072, 8, 128, 128, bf, true},
+                          {1, 32768, 12, 96, 192, bf, true},   {1, 32768, 16, 128, 128, f16, true},
+                          {4, 8192, 16, 128, 128, f16, true},  {8, 4096, 16, 128, 128, f16, true},
+                          {1, 131072, 8, 128, 128, f16, true}, {1, 32768, 12, 96, 192, f16, true},
+                          {1, 32768, 16, 128, 128, f32, true}, {4, 8192, 16, 128, 128, f32, true},
+                          {1, 32768, 12, 96, 192, f32, true},  {1, 32768, 16, 128, 128, bf, false}};
   for (const Shape& sh : shapes) {
+    if (quick && &sh != &shapes[std::atoi(std::getenv("KLA_BENCH_QUICK"))]) continue;
     Problem pr(sh.dt, sh.B, sh.T, sh.H, sh.K, sh.V, false);
+    if (!sh.workspace) pr.p.workspace = nullptr;
     const double us = time_us([&] { KK(kla_chunk_forward(&pr.p, s)); }, 2, 5, s);
     const double es = sh.dt == KLA_DTYPE_FP32 ? 4 : 2;
     const double bytes = double(sh.B) * sh.T * sh.H * ((2.0 * sh.K + 2.0 * sh.V) * es + 8);
-    std::snprintf(line, sizeof line, "| %dx%dx%d K=%d V=%d | %s | %.3f | %.3f |\n", sh.B, sh.T,
-                  sh.H, sh.K, sh.V,
+    std::snprintf(line, sizeof line, "| %dx%dx%d K=%d V=%d%s | %s | %.3f | %.3f |\n", sh.B, sh.T,
+                  sh.H, sh.K, sh.V, sh.workspace ? "" : " (no workspace: generic kernel)",
                   sh.dt == KLA_DTYPE_FP32   ? "fp32"
                   : sh.dt == KLA_DTYPE_BF16 ? "bf16"
                                             : "fp16",

@@ -185,8 +185,10 @@ struct DeviceProblem {
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   float *g = nullptr, *eta = nullptr, *s0 = nullptr, *sf = nullptr;
   int32_t* cu = nullptr;
+  void* ws = nullptr;  // chunkwise workspace (kla_workspace_size); null = workspace-free kernel
+  std::size_t ws_bytes = 0;
 
-  explicit DeviceProblem(const Data& d) : data(d) {
+  explicit DeviceProblem(const Data& d, bool with_workspace = true) : data(d) {
     q = upload(d.q);
     k = upload(d.k);
     v = upload(d.v);
@@ -200,12 +202,17 @@ struct DeviceProblem {
       KLA_CUDA_CHECK(cudaMemcpy(cu, d.cfg.cu_seqlens.data(), d.cfg.cu_seqlens.size() * 4,
                                 cudaMemcpyHostToDevice));
     }
+    if (with_workspace) {
+      const kla_params p = params();
+      ws_bytes = kla_workspace_size(&p);
+      if (ws_bytes) KLA_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+    }
   }
   DeviceProblem(const DeviceProblem&) = delete;
   DeviceProblem& operator=(const DeviceProblem&) = delete;
   ~DeviceProblem() {
     for (void* p : {q, k, v, o, static_cast<void*>(g), static_cast<void*>(eta),
-                    static_cast<void*>(s0), static_cast<void*>(sf), static_cast<void*>(cu)})
+                    static_cast<void*>(s0), static_cast<void*>(sf), static_cast<void*>(cu), ws})
       if (p) cudaFree(p);
   }
 
@@ -270,6 +277,8 @@ struct DeviceProblem {
       p.cu_seqlens_host = data.cfg.cu_seqlens.data();
       p.num_seqs = c.N();
     }
+    p.workspace = ws;
+    p.workspace_size = ws_bytes;
     return p;
   }
 

@@ -65,6 +65,22 @@ TEST(CudaKernels, FixedShapesAgainstMpfr) {
     for (Entry e : {Entry::chunk, Entry::tokenwise}) expect_matches_reference(c, e);
 }
 
+TEST(CudaKernels, ChunkWithoutWorkspaceUsesGenericKernel) {
+  KLA_REQUIRE_GPU();
+  for (kla_dtype dt : kDtypes) {
+    Config c;
+    c.dtype = dt;
+    c.B = 2, c.T = 77, c.H = 2, c.HV = 4, c.K = 64, c.V = 32;
+    c.eps = 1e-6f;
+    c.seed = 41 + int(dt);
+    const Data d = make_data(c);
+    DeviceProblem dp(d, /*with_workspace=*/false);
+    const Outputs got = run_device(dp, Entry::chunk);
+    const Comparison cmp = compare(got, run_reference<Mpfr>(d), d);
+    EXPECT_TRUE(cmp.ok) << cmp.report;
+  }
+}
+
 TEST(CudaKernels, TinyKeysFp16EpsZeroFinite) {
   KLA_REQUIRE_GPU();
   Config c;

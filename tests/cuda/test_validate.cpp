@@ -320,6 +320,30 @@ TEST(Validate, StatusStringsAndVersion) {
   EXPECT_EQ(kla_workspace_size(nullptr), 0u);
 }
 
+TEST(Validate, Workspace) {
+  Fixture f;
+  constexpr std::size_t per_chunk = (2 * 64 * 64 + 5 * 64) * sizeof(float);
+  const std::size_t need = kla_workspace_size(&f.p);
+  EXPECT_EQ(need, std::size_t(B) * HV * per_chunk);  // T = 5: one chunk per sequence
+  std::vector<float> ws(need / sizeof(float) + 16, 0.0f);
+  f.p.workspace = ws.data();
+  f.p.workspace_size = need;
+  EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS) << kla_last_error_message();
+  f.p.workspace_size = need - 16;
+  expect_rejected(f, KLA_ERROR_INVALID_SIZE, "workspace_size");
+  f.p.workspace = ws.data() + 1;
+  f.p.workspace_size = need + 64;
+  expect_rejected(f, KLA_ERROR_MISALIGNED, "workspace");
+  f.p.workspace = nullptr;  // no workspace: valid (the workspace-free kernel runs)
+  EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS) << kla_last_error_message();
+  // Packed sequences: T/64 + N chunk slots.
+  Fixture g;
+  const int32_t cu[3] = {0, 130, 200};
+  g.p.batch = 1, g.p.seq_len = 200, g.p.num_seqs = 2;
+  g.p.cu_seqlens = cu, g.p.cu_seqlens_host = cu;
+  EXPECT_EQ(kla_workspace_size(&g.p), std::size_t(200 / 64 + 2) * HV * per_chunk);
+}
+
 TEST(Validate, CppWrapper) {
   kla::cuda::Params p;  // defaults: no sizes
   EXPECT_EQ(kla::cuda::validate(p), KLA_ERROR_INVALID_SIZE);

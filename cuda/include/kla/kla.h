@@ -16,6 +16,8 @@
  * sets a thread-local message naming the argument (kla_last_error_message) and launches nothing.
  * Entry points are thread-safe, never synchronise the host and never allocate device memory,
  * so they can be captured in a CUDA graph; results are bitwise reproducible run to run.
+ * kla_chunk_forward's fast path uses a caller-allocated device workspace (kla_params.workspace,
+ * sized by kla_workspace_size).
  */
 #ifndef KLA_KLA_H_
 #define KLA_KLA_H_
@@ -33,7 +35,7 @@ extern "C" {
 #define KLA_API __attribute__((visibility("default")))
 #endif
 
-#define KLA_ABI_VERSION 1
+#define KLA_ABI_VERSION 2
 
 /* A CUDA stream: the same type as cudaStream_t / CUstream (NULL = legacy default stream). */
 typedef struct CUstream_st* kla_stream_t;
@@ -115,6 +117,13 @@ typedef struct kla_params {
   const int32_t* cu_seqlens;
   const int32_t* cu_seqlens_host;
   int64_t num_seqs;
+
+  /* Device workspace of kla_chunk_forward (ignored by kla_tokenwise_forward): workspace_size
+   * bytes, 16-byte aligned, at least kla_workspace_size(p); the call overwrites it, so calls in
+   * flight at the same time need separate workspaces. NULL = no workspace: the chunkwise
+   * forward then runs its workspace-free kernel, correct but many times slower. */
+  void* workspace;
+  size_t workspace_size;
 } kla_params;
 
 /* Zeroes *p and sets the defaults: eta_value 1, eps 0, scale 0 (meaning K^-1/2 once
@@ -131,7 +140,10 @@ KLA_API kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream);
  * kept on chip across the call's tokens; in place (final_state == initial_state) or pooled. */
 KLA_API kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t stream);
 
-/* Device workspace the entry points need: always 0 (no device allocation, no workspace). */
+/* Bytes of device workspace kla_chunk_forward wants for these sizes (batch or num_seqs with
+ * cu_seqlens, seq_len, num_v_heads): about 34 KB per 64-token chunk and value head (T and P
+ * matrices of each chunk, fp32). Pure host arithmetic; 0 for NULL or unusable sizes. The entry
+ * points themselves never allocate. */
 KLA_API size_t kla_workspace_size(const kla_params* p);
 
 KLA_API const char* kla_status_string(kla_status s);

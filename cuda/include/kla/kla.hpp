@@ -36,7 +36,9 @@ inline kla_status validate(const kla_params& p) noexcept {
   return kla_validate(&p);
 }
 
-/// Chunkwise forward (prefill) on `stream`; throws kla::cuda::Error on failure.
+/// Chunkwise forward (prefill) on `stream`; throws kla::cuda::Error on failure. Set
+/// p.workspace / p.workspace_size (kla_workspace_size(&p) bytes of device memory) for the fast
+/// path; without a workspace the slower workspace-free kernel runs.
 inline void chunk_forward(const kla_params& p, kla_stream_t stream = nullptr) {
   check(kla_chunk_forward(&p, stream));
 }

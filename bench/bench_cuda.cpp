@@ -1,0 +1,607 @@
+// CUDA kernel benchmarks (issue 6; docs/performance.md), Google Benchmark over the C ABI.
+//
+//   prefill  kla_chunk_forward at B x T x H in {1x32768x16, 4x8192x16, 1x131072x8, 8x4096x16},
+//            K = V = 128, and the paper's model shape 1x32768x12 with K = 96, V = 192
+//   decode   kla_tokenwise_forward, one token, B in {1, 8, 64, 256}, H = 16, K = V = 128, fp32
+//            state updated in place; back-to-back launches ("launch") and replays of a captured
+//            CUDA graph ("graph")
+//   copy     cudaMemcpy device to device, 1 GiB: the copy rate (bytes read + written) that the
+//            floors below are measured against, in the same run
+// all in fp32, bf16 and fp16 (q, k, v, o), with fp32 g and eta.
+//
+// Method: CUDA events around the timed region (manual time), warm-up before timing, every
+// repetition reports its iterations' median as `median_us` (the run's default is 10 repetitions,
+// aggregates only: read the `_median` rows). A prefill iteration is one call; a decode iteration
+// is a region of max(16, sets) calls (30 per repetition), its time divided by the calls. Inputs are
+// random (never zeros) and rotated among as many buffer sets as make more than 2.2x the L2 cache,
+// so no call finds its inputs in L2. Before timing, each case poisons its output with NaN, runs
+// once and checks that the output was written and is finite.
+//
+// Counters: median_us (per call), ns/head-token, TB/s (floor bytes / time), floor_us (floor bytes
+// at the copy rate measured at start-up), floor_frac (floor / time), sets (rotation).
+// Floor bytes: prefill reads q, k, v and writes o once in the call's dtype, reads g and eta in fp32
+// (1032 B per head-token in bf16 at K = V = 128); decode adds the fp32 state read and written.
+//
+//   kla_bench_cuda [--benchmark_filter=REGEX] [--benchmark_out=FILE --benchmark_out_format=json]
+//                  [--kla_no_gpu_exit_code=N]   (default 0: no GPU is not an error)
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kla/kla.h"
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+#define CK(x) check_cuda((x), #x)
+
+/// Process-wide state: the stream every case runs on, the L2 size and the copy rate.
+struct Globals {
+  cudaStream_t stream = nullptr;
+  size_t l2_bytes = 0;
+  double copy_bytes_per_s = 0;  // bytes read + written per second
+  std::string gpu;
+};
+Globals G;
+
+const char* dtype_name(kla_dtype dt) {
+  return dt == KLA_DTYPE_FP32 ? "fp32" : dt == KLA_DTYPE_BF16 ? "bf16" : "fp16";
+}
+size_t dtype_size(kla_dtype dt) {
+  return dt == KLA_DTYPE_FP32 ? 4 : 2;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// ---- random device data -------------------------------------------------------------------------
+// One device pool of random values per kind of tensor, filled once from the host; buffers are
+// filled by device-to-device copies from the pool at varying offsets (fast, never zeros).
+enum class Fill { unit_fp32, unit_bf16, unit_fp16, log_decay, eta, state, count };
+
+class Pools {
+ public:
+  static constexpr size_t kElems = size_t(1) << 22;  // 4 Mi values per pool
+
+  Pools() {
+    std::mt19937_64 rng(0x6b6c61);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f), decay(-0.2f, -0.005f),
+        gate(0.3f, 1.0f), st(-0.05f, 0.05f);
+    std::vector<float> f(kElems);
+    std::vector<uint16_t> h(kElems);
+    for (int k = 0; k < int(Fill::count); ++k) {
+      const Fill kind = Fill(k);
+      for (float& x : f) {
+        switch (kind) {
+          case Fill::log_decay: x = decay(rng); break;
+          case Fill::eta: x = gate(rng); break;
+          case Fill::state: x = st(rng); break;
+          default: x = unit(rng); break;
+        }
+      }
+      const void* src = f.data();
+      size_t bytes = kElems * 4;
+      if (kind == Fill::unit_bf16 || kind == Fill::unit_fp16) {
+        for (size_t i = 0; i < kElems; ++i) {
+          if (kind == Fill::unit_bf16)
+            h[i] = __nv_bfloat16_raw(__float2bfloat16_rn(f[i])).x;
+          else
+            h[i] = __half_raw(__float2half_rn(f[i])).x;
+        }
+        src = h.data();
+        bytes = kElems * 2;
+      }
+      CK(cudaMalloc(&pool_[k], bytes));
+      CK(cudaMemcpy(pool_[k], src, bytes, cudaMemcpyHostToDevice));
+      bytes_[k] = bytes;
+    }
+  }
+  ~Pools() {
+    for (void* p : pool_) cudaFree(p);
+  }
+  Pools(const Pools&) = delete;
+  Pools& operator=(const Pools&) = delete;
+
+  /// Fills `bytes` at dst from the pool of `kind`, starting at an offset chosen by `seed`.
+  void fill(void* dst, size_t bytes, Fill kind, uint64_t seed) const {
+    const size_t pb = bytes_[int(kind)];
+    const char* src = static_cast<const char*>(pool_[int(kind)]);
+    size_t done = 0;
+    for (uint64_t i = 0; done < bytes; ++i) {
+      const size_t off =
+          size_t(((seed + i) * 0x9E3779B97F4A7C15ull) >> 20) % (pb / 2) & ~size_t(15);
+      const size_t n = std::min(bytes - done, pb - off);
+      CK(cudaMemcpyAsync(static_cast<char*>(dst) + done, src + off, n, cudaMemcpyDeviceToDevice,
+                         G.stream));
+      done += n;
+    }
+  }
+
+ private:
+  void* pool_[int(Fill::count)] = {};
+  size_t bytes_[int(Fill::count)] = {};
+};
+Pools* g_pools = nullptr;
+
+// ---- one benchmark case -------------------------------------------------------------------------
+struct Case {
+  bool decode;
+  kla_dtype dt;
+  int B, T, H, HV, K, V;
+
+  double head_tokens() const { return double(B) * T * HV; }
+  /// The fewest bytes a call must move (see the file comment).
+  double floor_bytes() const {
+    const double es = double(dtype_size(dt));
+    double b = double(B) * T * (H * 2.0 * K * es + HV * (2.0 * V * es + 8.0));
+    if (decode) b += double(B) * HV * K * V * 4.0 * 2.0;
+    return b;
+  }
+  std::string name(const char* variant) const {
+    char s[160];
+    if (decode)
+      std::snprintf(s, sizeof s, "decode/%s/B%dxH%d/K%dV%d/%s", dtype_name(dt), B, H, K, V,
+                    variant);
+    else
+      std::snprintf(s, sizeof s, "prefill/%s/%dx%dx%d/K%dV%d", dtype_name(dt), B, T, H, K, V);
+    return s;
+  }
+};
+
+/// Buffer sets for one case, enough of them to total more than 2.2x L2; params[i] uses set i.
+class Rotation {
+ public:
+  explicit Rotation(const Case& c) : c_(c) {
+    const size_t es = dtype_size(c.dt);
+    const size_t nqk = size_t(c.B) * c.T * c.H * c.K, nv = size_t(c.B) * c.T * c.HV * c.V;
+    const size_t ng = size_t(c.B) * c.T * c.HV, ns = size_t(c.B) * c.HV * c.K * c.V;
+    auto up16 = [](size_t b) { return (b + 255) / 256 * 256; };
+    set_bytes_ =
+        up16(nqk * es) * 2 + up16(nv * es) * 2 + up16(ng * 4) * 2 + (c.decode ? up16(ns * 4) : 0);
+    size_t n = size_t(std::ceil(2.2 * double(G.l2_bytes) / double(set_bytes_)));
+    n = std::clamp<size_t>(n, 1, 256);
+    size_t free_b = 0, total_b = 0;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+    while (n > 1 && n * set_bytes_ > free_b / 2) --n;
+
+    const Fill unit = c.dt == KLA_DTYPE_FP32   ? Fill::unit_fp32
+                      : c.dt == KLA_DTYPE_BF16 ? Fill::unit_bf16
+                                               : Fill::unit_fp16;
+    for (size_t i = 0; i < n; ++i) {
+      kla_params p;
+      kla_params_init(&p);
+      p.dtype = c.dt;
+      p.batch = c.B;
+      p.seq_len = c.T;
+      p.num_heads = c.H;
+      p.num_v_heads = c.HV;
+      p.head_dim_k = c.K;
+      p.head_dim_v = c.V;
+      const uint64_t seed = 16 * i;
+      p.q = alloc(nqk * es, unit, seed + 1);
+      p.k = alloc(nqk * es, unit, seed + 2);
+      p.v = alloc(nv * es, unit, seed + 3);
+      p.o = alloc(nv * es, unit, seed + 4);
+      p.g = static_cast<const float*>(alloc(ng * 4, Fill::log_decay, seed + 5));
+      p.eta = static_cast<const float*>(alloc(ng * 4, Fill::eta, seed + 6));
+      const int64_t qs[3] = {int64_t(c.T) * c.H * c.K, int64_t(c.H) * c.K, c.K};
+      const int64_t vs[3] = {int64_t(c.T) * c.HV * c.V, int64_t(c.HV) * c.V, c.V};
+      for (int d = 0; d < 3; ++d) {
+        p.q_strides[d] = p.k_strides[d] = qs[d];
+        p.v_strides[d] = p.o_strides[d] = vs[d];
+      }
+      p.g_strides[0] = p.eta_strides[0] = int64_t(c.T) * c.HV;
+      p.g_strides[1] = p.eta_strides[1] = c.HV;
+      p.eps = 1e-6f;
+      if (c.decode) {
+        float* s = static_cast<float*>(alloc(ns * 4, Fill::state, seed + 7));
+        p.initial_state = s;
+        p.final_state = s;  // in place, as a server updates its state
+      }
+      params_.push_back(p);
+    }
+#if KLA_ABI_VERSION >= 2
+    // The chunkwise fast path's scratch: one for all sets (the calls run one after another on
+    // one stream). Its traffic is the kernel's own cost, not part of the floor.
+    if (!c.decode) {
+      const size_t ws = kla_workspace_size(&params_[0]);
+      if (ws > 0) {
+        void* w = nullptr;
+        CK(cudaMalloc(&w, ws));
+        allocs_.push_back(w);
+        for (kla_params& p : params_) {
+          p.workspace = w;
+          p.workspace_size = ws;
+        }
+      }
+    }
+#endif
+    CK(cudaStreamSynchronize(G.stream));
+  }
+  ~Rotation() {
+    for (void* p : allocs_) cudaFree(p);
+  }
+  Rotation(const Rotation&) = delete;
+  Rotation& operator=(const Rotation&) = delete;
+
+  size_t size() const {
+    return params_.size();
+  }
+  const kla_params& operator[](size_t i) const {
+    return params_[i % params_.size()];
+  }
+
+  /// Poisons set 0's output with NaN, runs `call` once on it and checks that o is finite
+  /// (written) at its start and end. Returns an error message, empty if fine.
+  template <class Call>
+  std::string check_output(Call call) const {
+    const kla_params& p = params_[0];
+    const size_t es = dtype_size(c_.dt);
+    const size_t n = size_t(c_.B) * c_.T * c_.HV * c_.V;
+    CK(cudaMemsetAsync(p.o, 0xFF, n * es, G.stream));
+    if (kla_status s = call(p))
+      return std::string(kla_status_string(s)) + ": " + kla_last_error_message();
+    CK(cudaStreamSynchronize(G.stream));
+    CK(cudaGetLastError());
+    const size_t m = std::min<size_t>(n, 1 << 16);
+    for (size_t start : {size_t(0), n - m}) {
+      std::vector<uint16_t> h(m * es / 2);
+      CK(cudaMemcpy(h.data(), static_cast<const char*>(p.o) + start * es, m * es,
+                    cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < m; ++i) {
+        float x;
+        if (es == 4) {
+          std::memcpy(&x, &h[2 * i], 4);
+        } else if (c_.dt == KLA_DTYPE_BF16) {
+          __nv_bfloat16_raw r;
+          r.x = h[i];
+          x = __bfloat162float(__nv_bfloat16(r));
+        } else {
+          __half_raw r;
+          r.x = h[i];
+          x = __half2float(__half(r));
+        }
+        if (!std::isfinite(x))
+          return "output element " + std::to_string(start + i) + " not written or not finite";
+      }
+    }
+    return {};
+  }
+
+ private:
+  void* alloc(size_t bytes, Fill kind, uint64_t seed) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, bytes));
+    allocs_.push_back(p);
+    g_pools->fill(p, bytes, kind, seed);
+    return p;
+  }
+
+  Case c_;
+  size_t set_bytes_ = 0;
+  std::vector<kla_params> params_;
+  std::vector<void*> allocs_;
+};
+
+/// The buffer sets of the case being measured. Google Benchmark calls a benchmark function once
+/// per repetition (and while it sizes the iteration count), so the sets of the last case are kept
+/// and reused while the same case runs (decode's "launch" and "graph" share them); the output
+/// check runs once, when they are made.
+std::unique_ptr<Rotation> g_rot;
+std::string g_rot_key, g_rot_error;
+
+template <class Call>
+const Rotation& rotation_for(const Case& c, Call call, std::string& error) {
+  const std::string key = c.name("");
+  if (!g_rot || key != g_rot_key) {
+    g_rot.reset();
+    g_rot_key.clear();
+    g_rot = std::make_unique<Rotation>(c);
+    g_rot_key = key;
+    g_rot_error = g_rot->check_output(call);
+  }
+  error = g_rot_error;
+  return *g_rot;
+}
+
+/// Events around the timed region; per-iteration seconds are kept for the median.
+struct Timer {
+  cudaEvent_t a = nullptr, b = nullptr;
+  std::vector<double> seconds;
+  Timer() {
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  void start() { CK(cudaEventRecord(a, G.stream)); }
+  /// Ends the region; returns its seconds divided by `calls`.
+  double stop(int calls) {
+    CK(cudaEventRecord(b, G.stream));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    const double s = 1e-3 * double(ms) / calls;
+    seconds.push_back(s);
+    return s;
+  }
+};
+
+void set_counters(benchmark::State& st, const Case& c, const Timer& t, size_t sets) {
+  const double s = median(t.seconds);
+  if (s <= 0) return;
+  const double floor_s = c.floor_bytes() / G.copy_bytes_per_s;
+  st.counters["median_us"] = 1e6 * s;
+  st.counters["ns/head-token"] = 1e9 * s / c.head_tokens();
+  st.counters["TB/s"] = c.floor_bytes() / s / 1e12;
+  st.counters["floor_us"] = 1e6 * floor_s;
+  st.counters["floor_frac"] = floor_s / s;
+  st.counters["sets"] = double(sets);
+}
+
+kla_status call_chunk(const kla_params& p) {
+  return kla_chunk_forward(&p, G.stream);
+}
+kla_status call_tokenwise(const kla_params& p) {
+  return kla_tokenwise_forward(&p, G.stream);
+}
+
+void bench_prefill(benchmark::State& st, Case c) {
+  try {
+    std::string err;
+    const Rotation& rot = rotation_for(c, call_chunk, err);
+    if (!err.empty()) {
+      st.SkipWithError(err.c_str());
+      return;
+    }
+    for (size_t i = 0; i < 3; ++i) (void)call_chunk(rot[i]);
+    CK(cudaStreamSynchronize(G.stream));
+    Timer t;
+    size_t i = 0;
+    for (auto _ : st) {
+      t.start();
+      const kla_status s = call_chunk(rot[i++]);
+      const double sec = t.stop(1);
+      if (s != KLA_SUCCESS) {
+        st.SkipWithError(kla_last_error_message());
+        break;
+      }
+      st.SetIterationTime(sec);
+    }
+    set_counters(st, c, t, rot.size());
+  } catch (const std::exception& e) {
+    st.SkipWithError(e.what());
+  }
+}
+
+void bench_decode(benchmark::State& st, Case c, bool graph) {
+  try {
+    std::string err;
+    const Rotation& rot = rotation_for(c, call_tokenwise, err);
+    if (!err.empty()) {
+      st.SkipWithError(err.c_str());
+      return;
+    }
+    // Each timed region covers `calls` calls walking the rotation (at least 16).
+    const int calls = int(std::max<size_t>(rot.size(), 16));
+    cudaGraphExec_t exec = nullptr;
+    if (graph) {
+      cudaGraph_t g = nullptr;
+      CK(cudaStreamBeginCapture(G.stream, cudaStreamCaptureModeThreadLocal));
+      kla_status bad = KLA_SUCCESS;
+      for (int i = 0; i < calls; ++i)
+        if (kla_status s = call_tokenwise(rot[size_t(i)])) bad = s;
+      CK(cudaStreamEndCapture(G.stream, &g));
+      if (bad != KLA_SUCCESS) {
+        cudaGraphDestroy(g);
+        st.SkipWithError(kla_last_error_message());
+        return;
+      }
+      CK(cudaGraphInstantiate(&exec, g, 0));
+      CK(cudaGraphDestroy(g));
+    }
+    auto region = [&](size_t& i) {
+      if (graph) {
+        CK(cudaGraphLaunch(exec, G.stream));
+        return KLA_SUCCESS;
+      }
+      kla_status bad = KLA_SUCCESS;
+      for (int j = 0; j < calls; ++j)
+        if (kla_status s = call_tokenwise(rot[i++])) bad = s;
+      return bad;
+    };
+    size_t i = 0;
+    for (int w = 0; w < 3; ++w) (void)region(i);
+    CK(cudaStreamSynchronize(G.stream));
+    Timer t;
+    for (auto _ : st) {
+      t.start();
+      const kla_status s = region(i);
+      const double sec = t.stop(calls);
+      if (s != KLA_SUCCESS) {
+        st.SkipWithError(kla_last_error_message());
+        break;
+      }
+      st.SetIterationTime(sec);
+    }
+    if (exec) CK(cudaGraphExecDestroy(exec));
+    set_counters(st, c, t, rot.size());
+  } catch (const std::exception& e) {
+    st.SkipWithError(e.what());
+  }
+}
+
+struct CopyBuffers {
+  void* src = nullptr;
+  void* dst = nullptr;
+  size_t bytes = size_t(1) << 30;
+  CopyBuffers() {
+    CK(cudaMalloc(&src, bytes));
+    CK(cudaMalloc(&dst, bytes));
+    g_pools->fill(src, bytes, Fill::unit_fp32, 99);
+    CK(cudaStreamSynchronize(G.stream));
+  }
+  ~CopyBuffers() {
+    cudaFree(src);
+    cudaFree(dst);
+  }
+  CopyBuffers(const CopyBuffers&) = delete;
+  CopyBuffers& operator=(const CopyBuffers&) = delete;
+  void copy() const { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, G.stream)); }
+};
+
+/// Median copy rate (bytes read + written per second) of `reps` 1 GiB copies after warm-up.
+double measure_copy(int reps) {
+  CopyBuffers cb;
+  Timer t;
+  for (int i = 0; i < 3; ++i) cb.copy();
+  for (int i = 0; i < reps; ++i) {
+    t.start();
+    cb.copy();
+    t.stop(1);
+  }
+  return 2.0 * double(cb.bytes) / median(t.seconds);
+}
+
+void bench_copy(benchmark::State& st) {
+  try {
+    CopyBuffers cb;
+    Timer t;
+    for (int i = 0; i < 3; ++i) cb.copy();
+    for (auto _ : st) {
+      t.start();
+      cb.copy();
+      st.SetIterationTime(t.stop(1));
+    }
+    const double s = median(t.seconds);
+    st.counters["median_us"] = 1e6 * s;
+    st.counters["TB/s"] = 2.0 * double(cb.bytes) / s / 1e12;
+  } catch (const std::exception& e) {
+    st.SkipWithError(e.what());
+  }
+}
+
+bool has_flag(int argc, char** argv, const char* prefix) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Our own flag first (Google Benchmark rejects flags it does not know).
+  int no_gpu_code = 0;
+  std::vector<char*> args(argv, argv + argc);
+  for (auto it = args.begin() + 1; it != args.end();) {
+    if (std::strncmp(*it, "--kla_no_gpu_exit_code=", 23) == 0) {
+      no_gpu_code = std::atoi(*it + 23);
+      it = args.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    std::printf("kla_bench_cuda: no CUDA device (%s); nothing to measure\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
+    return no_gpu_code;
+  }
+
+  // Defaults: 10 repetitions of at least 50 ms each, aggregates only.
+  std::vector<std::string> extra;
+  if (!has_flag(int(args.size()), args.data(), "--benchmark_repetitions"))
+    extra.emplace_back("--benchmark_repetitions=10");
+  if (!has_flag(int(args.size()), args.data(), "--benchmark_report_aggregates_only") &&
+      !has_flag(int(args.size()), args.data(), "--benchmark_display_aggregates_only"))
+    extra.emplace_back("--benchmark_report_aggregates_only=true");
+  if (!has_flag(int(args.size()), args.data(), "--benchmark_min_time"))
+    extra.emplace_back("--benchmark_min_time=0.05");
+  for (std::string& s : extra) args.push_back(s.data());
+  int nargs = int(args.size());
+  args.push_back(nullptr);
+
+  try {
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, dev));
+    G.gpu = prop.name;
+    G.l2_bytes = size_t(prop.l2CacheSize);
+    CK(cudaStreamCreateWithFlags(&G.stream, cudaStreamNonBlocking));
+    g_pools = new Pools();
+    G.copy_bytes_per_s = measure_copy(15);
+
+    char buf[64];
+    benchmark::AddCustomContext("gpu", G.gpu);
+    benchmark::AddCustomContext("sms", std::to_string(prop.multiProcessorCount));
+    benchmark::AddCustomContext("l2_bytes", std::to_string(G.l2_bytes));
+    std::snprintf(buf, sizeof buf, "%.4f", G.copy_bytes_per_s / 1e12);
+    benchmark::AddCustomContext("copy_TBps", buf);
+    benchmark::AddCustomContext("kla_version", kla_version_string());
+    std::printf("kla_bench_cuda: %s, %d SMs, L2 %.0f MB, copy %.3f TB/s (read + written)\n",
+                prop.name, prop.multiProcessorCount, double(G.l2_bytes) / 1e6,
+                G.copy_bytes_per_s / 1e12);
+
+    benchmark::RegisterBenchmark("copy/d2d/1GiB", bench_copy)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+    const kla_dtype dts[] = {KLA_DTYPE_BF16, KLA_DTYPE_FP16, KLA_DTYPE_FP32};
+    for (kla_dtype dt : dts) {
+      const Case prefill[] = {{false, dt, 1, 32768, 16, 16, 128, 128},
+                              {false, dt, 4, 8192, 16, 16, 128, 128},
+                              {false, dt, 1, 131072, 8, 8, 128, 128},
+                              {false, dt, 8, 4096, 16, 16, 128, 128},
+                              {false, dt, 1, 32768, 12, 12, 96, 192}};
+      for (const Case& c : prefill)
+        benchmark::RegisterBenchmark(c.name("").c_str(), bench_prefill, c)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+    }
+    for (kla_dtype dt : dts)
+      for (int B : {1, 8, 64, 256})
+        for (bool graph : {false, true}) {
+          const Case c{true, dt, B, 1, 16, 16, 128, 128};
+          benchmark::RegisterBenchmark(c.name(graph ? "graph" : "launch").c_str(), bench_decode, c,
+                                       graph)
+              ->UseManualTime()
+              ->Iterations(30)  // regions of `calls` calls; the reported time is per call
+              ->Unit(benchmark::kMicrosecond);
+        }
+
+    benchmark::Initialize(&nargs, args.data());
+    if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    g_rot.reset();
+    delete g_pools;
+    cudaStreamDestroy(G.stream);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "kla_bench_cuda: %s\n", ex.what());
+    return 1;
+  }
+  return 0;
+}

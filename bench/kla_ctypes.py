@@ -1,0 +1,192 @@
+"""Thin ctypes binding of the KLA C ABI (cuda/include/kla/kla.h, KLA_ABI_VERSION 2).
+
+Nothing here compiles against torch: tensors are passed as raw device pointers and element
+strides, the stream as the integer handle of torch.cuda.current_stream().cuda_stream.
+
+    lib = KlaLibrary("path/to/libkla_cuda.so")   # checks the struct layout against the library
+    p = lib.params()                              # kla_params_init defaults
+    ...fill p...
+    lib.chunk_forward(p, stream)                  # raises KlaError on a non-zero status
+
+The layout of kla_params is mirrored field by field below. Two checks keep it honest:
+  * the offsets ctypes computes must equal EXPECTED_OFFSETS (read off kla.h with offsetof on
+    x86-64 / LP64), so an edit here that moves a field fails at import;
+  * at load, kla_params_init (which memsets sizeof(kla_params) bytes, then sets defaults) runs
+    on a buffer with sentinel bytes after our struct: the library must zero exactly our size
+    and put eta_value = 1 at our eta_value offset, so a header change that resizes or reorders
+    the struct fails before anything is launched.
+"""
+import ctypes
+from ctypes import POINTER, c_char_p, c_float, c_int, c_int64, c_size_t, c_void_p
+
+ABI_VERSION = 2
+
+DTYPE_FP32, DTYPE_BF16, DTYPE_FP16 = 0, 1, 2
+COEFF_KACZMARZ, COEFF_GIVEN = 0, 1
+READOUT_SCALE, READOUT_Q_L2NORM = 0, 1
+SUCCESS = 0
+
+
+class KlaParams(ctypes.Structure):
+    _fields_ = [
+        ("dtype", c_int),
+        ("batch", c_int64),
+        ("seq_len", c_int64),
+        ("num_heads", c_int64),
+        ("num_v_heads", c_int64),
+        ("head_dim_k", c_int64),
+        ("head_dim_v", c_int64),
+        ("q", c_void_p),
+        ("q_strides", c_int64 * 3),
+        ("k", c_void_p),
+        ("k_strides", c_int64 * 3),
+        ("v", c_void_p),
+        ("v_strides", c_int64 * 3),
+        ("o", c_void_p),
+        ("o_strides", c_int64 * 3),
+        ("g", c_void_p),
+        ("g_strides", c_int64 * 2),
+        ("eta", c_void_p),
+        ("eta_strides", c_int64 * 2),
+        ("eta_value", c_float),
+        ("eps", c_float),
+        ("scale", c_float),
+        ("coefficient", c_int),
+        ("readout", c_int),
+        ("initial_state", c_void_p),
+        ("final_state", c_void_p),
+        ("state_pool", c_void_p),
+        ("pool_size", c_int64),
+        ("state_indices", c_void_p),
+        ("state_indices_host", c_void_p),
+        ("cu_seqlens", c_void_p),
+        ("cu_seqlens_host", c_void_p),
+        ("num_seqs", c_int64),
+        ("workspace", c_void_p),
+        ("workspace_size", c_size_t),
+    ]
+
+
+# offsetof(kla_params, f) and sizeof(kla_params) from kla.h (gcc, x86-64).
+EXPECTED_SIZE = 344
+EXPECTED_OFFSETS = {
+    "dtype": 0, "batch": 8, "seq_len": 16, "num_heads": 24, "num_v_heads": 32, "head_dim_k": 40,
+    "head_dim_v": 48, "q": 56, "q_strides": 64, "k": 88, "k_strides": 96, "v": 120,
+    "v_strides": 128, "o": 152, "o_strides": 160, "g": 184, "g_strides": 192, "eta": 208,
+    "eta_strides": 216, "eta_value": 232, "eps": 236, "scale": 240, "coefficient": 244,
+    "readout": 248, "initial_state": 256, "final_state": 264, "state_pool": 272,
+    "pool_size": 280, "state_indices": 288, "state_indices_host": 296, "cu_seqlens": 304,
+    "cu_seqlens_host": 312, "num_seqs": 320, "workspace": 328, "workspace_size": 336,
+}
+
+assert ctypes.sizeof(KlaParams) == EXPECTED_SIZE, ctypes.sizeof(KlaParams)
+for _name, _off in EXPECTED_OFFSETS.items():
+    assert getattr(KlaParams, _name).offset == _off, (_name, getattr(KlaParams, _name).offset, _off)
+assert [f[0] for f in KlaParams._fields_] == list(EXPECTED_OFFSETS), "field order"
+
+
+class KlaError(RuntimeError):
+    def __init__(self, status, message):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class KlaLibrary:
+    def __init__(self, path):
+        self.path = path
+        self.lib = lib = ctypes.CDLL(path)
+        lib.kla_params_init.argtypes = [c_void_p]
+        lib.kla_params_init.restype = None
+        for fn in (lib.kla_chunk_forward, lib.kla_tokenwise_forward):
+            fn.argtypes = [POINTER(KlaParams), c_void_p]
+            fn.restype = c_int
+        lib.kla_validate.argtypes = [POINTER(KlaParams)]
+        lib.kla_validate.restype = c_int
+        lib.kla_workspace_size.argtypes = [POINTER(KlaParams)]
+        lib.kla_workspace_size.restype = c_size_t
+        lib.kla_status_string.argtypes = [c_int]
+        lib.kla_status_string.restype = c_char_p
+        lib.kla_last_error_message.argtypes = []
+        lib.kla_last_error_message.restype = c_char_p
+        lib.kla_version_string.argtypes = []
+        lib.kla_version_string.restype = c_char_p
+        self.version = lib.kla_version_string().decode()
+        self._check_layout()
+
+    def _check_layout(self):
+        """kla_params_init must zero exactly sizeof(KlaParams) bytes and set our defaults."""
+        size = ctypes.sizeof(KlaParams)
+        pad = 64
+        buf = (ctypes.c_ubyte * (size + pad))(*([0xA5] * (size + pad)))
+        self.lib.kla_params_init(ctypes.addressof(buf))
+        tail = bytes(buf[size:])
+        if tail != bytes([0xA5] * pad):
+            raise KlaError(-1, f"kla_params is larger in {self.path} than in kla_ctypes.py ({size})")
+        p = KlaParams.from_buffer_copy(bytes(buf[:size]))
+        if bytes(buf[size - 8:size]) != bytes(8):  # last field: zeroed by the library's memset
+            raise KlaError(-1, f"kla_params is smaller in {self.path} than in kla_ctypes.py")
+        if not (p.eta_value == 1.0 and p.eps == 0.0 and p.scale == 0.0 and p.dtype == DTYPE_BF16
+                and p.coefficient == COEFF_KACZMARZ and p.readout == READOUT_SCALE and p.batch == 0):
+            raise KlaError(-1, "kla_params_init defaults are not where kla_ctypes.py expects them")
+
+    def params(self):
+        p = KlaParams()
+        self.lib.kla_params_init(ctypes.byref(p))
+        return p
+
+    def _check(self, status):
+        if status != SUCCESS:
+            raise KlaError(self.lib.kla_status_string(status).decode(),
+                           self.lib.kla_last_error_message().decode())
+
+    def validate(self, p):
+        self._check(self.lib.kla_validate(ctypes.byref(p)))
+
+    def workspace_size(self, p):
+        return int(self.lib.kla_workspace_size(ctypes.byref(p)))
+
+    def chunk_forward(self, p, stream=0):
+        self._check(self.lib.kla_chunk_forward(ctypes.byref(p), c_void_p(stream)))
+
+    def tokenwise_forward(self, p, stream=0):
+        self._check(self.lib.kla_tokenwise_forward(ctypes.byref(p), c_void_p(stream)))
+
+
+def torch_dtype_code(dtype):
+    import torch
+    return {torch.float32: DTYPE_FP32, torch.bfloat16: DTYPE_BF16, torch.float16: DTYPE_FP16}[dtype]
+
+
+def make_params(lib, q, k, v, o, g=None, eta=None, eps=0.0, scale=0.0, initial_state=None,
+                final_state=None, coefficient=COEFF_KACZMARZ, workspace=None):
+    """kla_params for torch tensors q, k [B,T,H,K], v, o [B,T,HV,V], g, eta [B,T,HV] fp32,
+    states [B,HV,K,V] fp32 (contiguous), workspace a uint8 device tensor of at least
+    lib.workspace_size(p) bytes (kla_chunk_forward's fast path; None = the slow workspace-free
+    kernel). Keeps no reference to the tensors: the caller must."""
+    p = lib.params()
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    p.dtype = torch_dtype_code(q.dtype)
+    p.batch, p.seq_len, p.num_heads, p.num_v_heads, p.head_dim_k, p.head_dim_v = B, T, H, HV, K, V
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        assert t.stride(-1) == 1 and t.is_cuda
+        setattr(p, name, t.data_ptr())
+        getattr(p, name + "_strides")[:] = list(t.stride()[:3])
+    for name, t in (("g", g), ("eta", eta)):
+        if t is not None:
+            assert t.stride(-1) == 1 and t.dtype.itemsize == 4
+            setattr(p, name, t.data_ptr())
+            getattr(p, name + "_strides")[:] = list(t.stride()[:2])
+    p.eps = float(eps)
+    p.scale = float(scale)
+    p.coefficient = coefficient
+    if initial_state is not None:
+        assert initial_state.is_contiguous()
+        p.initial_state = initial_state.data_ptr()
+    if final_state is not None:
+        assert final_state.is_contiguous()
+        p.final_state = final_state.data_ptr()
+    if workspace is not None:
+        p.workspace = workspace.data_ptr()
+        p.workspace_size = workspace.numel() * workspace.element_size()
+    return p
