@@ -65,6 +65,25 @@ kla_status check_strides(const char* name, const int64_t* s, const int64_t ext[3
   return KLA_SUCCESS;
 }
 
+// Byte span of a strided tensor: (sum over used dims of (extent-1)*stride + inner) * elem, with
+// every step checked, so absurd sizes or strides are refused instead of wrapping around (and
+// later checks on spans, which assume no overflow, stay defined).
+kla_status check_span(const char* name, const int64_t* s, const int64_t* ext, int dims,
+                      int64_t inner, std::size_t elem) {
+  int64_t span = inner;
+  for (int d = 0; d < dims; ++d) {
+    if (ext[d] <= 1) continue;
+    int64_t step = 0;
+    if (__builtin_mul_overflow(ext[d] - 1, s[d], &step) ||
+        __builtin_add_overflow(span, step, &span))
+      return fail(KLA_ERROR_INVALID_SIZE, cat(name, " spans more than 2^63-1 elements"));
+  }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(span, static_cast<int64_t>(elem), &bytes))
+    return fail(KLA_ERROR_INVALID_SIZE, cat(name, " spans more than 2^63-1 bytes"));
+  return KLA_SUCCESS;
+}
+
 // Output tensors must not overlap themselves: a sufficient condition is the row-major nesting
 // head stride >= last extent, T stride >= extent of one token, B stride >= extent of a row.
 kla_status check_no_overlap(const char* name, const int64_t* s, const int64_t ext[3],
@@ -175,9 +194,18 @@ kla_status kla_validate(const kla_params* p) {
   if (auto s = check_strides("k", p->k_strides, ext_qk, eb)) return s;
   if (auto s = check_strides("v", p->v_strides, ext_vo, eb)) return s;
   if (auto s = check_strides("o", p->o_strides, ext_vo, eb)) return s;
+  if (auto s = check_span("q", p->q_strides, ext_qk, 3, K, eb)) return s;
+  if (auto s = check_span("k", p->k_strides, ext_qk, 3, K, eb)) return s;
+  if (auto s = check_span("v", p->v_strides, ext_vo, 3, V, eb)) return s;
+  if (auto s = check_span("o", p->o_strides, ext_vo, 3, V, eb)) return s;
   if (auto s = check_no_overlap("o", p->o_strides, ext_vo, V)) return s;
   if (auto s = check_gate("g", p->g, p->g_strides, B, T)) return s;
   if (auto s = check_gate("eta", p->eta, p->eta_strides, B, T)) return s;
+  const int64_t ext_gate[2] = {B, T};
+  if (p->g)
+    if (auto s = check_span("g", p->g_strides, ext_gate, 2, HV, sizeof(float))) return s;
+  if (p->eta)
+    if (auto s = check_span("eta", p->eta_strides, ext_gate, 2, HV, sizeof(float))) return s;
   if (!p->eta && !std::isfinite(p->eta_value))
     return fail(KLA_ERROR_INVALID_VALUE, "eta_value is not finite");
   if (!std::isfinite(p->eps) || p->eps < 0.0f)
@@ -211,8 +239,12 @@ kla_status kla_validate(const kla_params* p) {
                   cat("cu_seqlens[", N, "] = ", cu[N], " must equal seq_len = ", T));
   }
 
-  // States.
-  const int64_t state_elems = HV * K * V;
+  // States: N (or pool_size) x HV x K x V fp32, sizes checked against overflow.
+  int64_t state_elems = 0, row_bytes = 0, states_bytes = 0;
+  if (__builtin_mul_overflow(HV, K * V, &state_elems) ||
+      __builtin_mul_overflow(state_elems, static_cast<int64_t>(sizeof(float)), &row_bytes) ||
+      __builtin_mul_overflow(row_bytes, N, &states_bytes))
+    return fail(KLA_ERROR_INVALID_SIZE, "states [N, HV, K, V] span more than 2^63-1 bytes");
   if (p->state_pool) {
     if (p->initial_state || p->final_state)
       return fail(KLA_ERROR_INVALID_VALUE,
@@ -221,6 +253,10 @@ kla_status kla_validate(const kla_params* p) {
       return fail(KLA_ERROR_MISALIGNED, "state_pool is not 16-byte aligned");
     if (p->pool_size <= 0)
       return fail(KLA_ERROR_INVALID_SIZE, cat("pool_size = ", p->pool_size, " must be positive"));
+    int64_t pool_bytes = 0;
+    if (__builtin_mul_overflow(row_bytes, p->pool_size, &pool_bytes))
+      return fail(KLA_ERROR_INVALID_SIZE,
+                  cat("pool_size = ", p->pool_size, " makes the pool span more than 2^63-1 bytes"));
     if (!p->state_indices) return fail(KLA_ERROR_NULL_POINTER, "state_indices is NULL");
     if (!p->state_indices_host)
       return fail(KLA_ERROR_NULL_POINTER,
@@ -245,7 +281,7 @@ kla_status kla_validate(const kla_params* p) {
   if (p->initial_state && p->final_state && p->initial_state != p->final_state) {
     const auto a = reinterpret_cast<std::uintptr_t>(p->initial_state);
     const auto b = reinterpret_cast<std::uintptr_t>(p->final_state);
-    const auto bytes = static_cast<std::uintptr_t>(N * state_elems) * sizeof(float);
+    const auto bytes = static_cast<std::uintptr_t>(states_bytes);
     if (a < b + bytes && b < a + bytes)
       return fail(
           KLA_ERROR_INVALID_VALUE,
