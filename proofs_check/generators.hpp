@@ -172,6 +172,32 @@ inline DecayKind any_decay() {
   return *rc::gen::element(DecayKind::none, DecayKind::scalar, DecayKind::diagonal);
 }
 
+/// One token's setting, shared by the tokenwise statements: incoming state, decay (scalar or
+/// per-channel), key and value, and what every statement derives from them.
+struct TokenCase {
+  Idx dk, dv;
+  Mat<Q> S_prev;
+  Vec<Q> a, k, v;
+  Q kk;            ///< ‖k‖²
+  Mat<Q> S_tilde;  ///< diag(a) S_prev
+  Vec<Q> e;        ///< v − S̃ᵀk
+};
+
+/// Draws a TokenCase; `nonzero_key` excludes the k = 0 corner (statements that divide by ‖k‖²).
+inline TokenCase token_case(bool nonzero_key) {
+  TokenCase c;
+  c.dk = dim();
+  c.dv = dim();
+  c.S_prev = *matrix(c.dk, c.dv);
+  c.a = decay_vector(c.dk, any_decay() == DecayKind::diagonal);
+  c.k = nonzero_key ? *nonzero_vector(c.dk) : *key(c.dk);
+  c.v = *vector(c.dv);
+  c.kk = c.k.squaredNorm();
+  c.S_tilde = c.a.asDiagonal() * c.S_prev;
+  c.e = c.v - c.S_tilde.transpose() * c.k;
+  return c;
+}
+
 /// Exact-equality assertion for matrices that names what differed.
 inline void require_equal(const Mat<Q>& a, const Mat<Q>& b, const char* what) {
   if (a.rows() != b.rows() || a.cols() != b.cols() || a != b) {

@@ -8,11 +8,11 @@
 using namespace kla::proofs;
 
 KLA_STATEMENT("prop2.contraction", "Proposition 2, eq. contraction") {
-  const Idx dk = dim(), dv = dim();
-  const Mat<Q> S_prev = *matrix(dk, dv);
-  const Vec<Q> a = decay_vector(dk, any_decay() == DecayKind::diagonal);
-  const Vec<Q> k = *key(dk), v = *vector(dv);
-  const Q kk = k.squaredNorm();
+  const TokenCase c = token_case(false);
+  const Idx dv = c.dv;
+  const Mat<Q>& S_prev = c.S_prev;
+  const Vec<Q>&a = c.a, &k = c.k, &v = c.v;
+  const Q kk = c.kk;
   const Q eta = *kla::proofs::eta();
   kla::ref::Options<Q> opt;
   opt.eps = *eps();

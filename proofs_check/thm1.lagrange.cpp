@@ -8,13 +8,11 @@
 using namespace kla::proofs;
 
 KLA_STATEMENT("thm1.lagrange", "Theorem 1, App. A (Lagrange)") {
-  const Idx dk = dim(), dv = dim();
-  const Mat<Q> S_prev = *matrix(dk, dv);
-  const Vec<Q> a = decay_vector(dk, any_decay() == DecayKind::diagonal);
-  const Vec<Q> k = *nonzero_vector(dk), v = *vector(dv);
-  const Q kk = k.squaredNorm();
-  const Mat<Q> S_tilde = a.asDiagonal() * S_prev;
-  const Vec<Q> e = v - S_tilde.transpose() * k;
+  const TokenCase c = token_case(true);
+  const Idx dk = c.dk, dv = c.dv;
+  const Mat<Q>&S_prev = c.S_prev, &S_tilde = c.S_tilde;
+  const Vec<Q>&a = c.a, &k = c.k, &v = c.v, &e = c.e;
+  const Q kk = c.kk;
   const Vec<Q> lambda = -e / kk;
 
   Mat<Q> S_t = S_prev;

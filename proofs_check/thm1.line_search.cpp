@@ -9,13 +9,10 @@
 using namespace kla::proofs;
 
 KLA_STATEMENT("thm1.line_search", "Theorem 1 (ii), eq. line_search") {
-  const Idx dk = dim(), dv = dim();
-  const Mat<Q> S_prev = *matrix(dk, dv);
-  const Vec<Q> a = decay_vector(dk, any_decay() == DecayKind::diagonal);
-  const Vec<Q> k = *nonzero_vector(dk), v = *vector(dv);
-  const Q kk = k.squaredNorm();
-  const Mat<Q> S_tilde = a.asDiagonal() * S_prev;
-  const Vec<Q> e = v - S_tilde.transpose() * k;
+  const TokenCase c = token_case(true);
+  const Mat<Q>&S_prev = c.S_prev, &S_tilde = c.S_tilde;
+  const Vec<Q>&a = c.a, &k = c.k, &v = c.v, &e = c.e;
+  const Q kk = c.kk;
   const Q ee = e.squaredNorm();
   const Q tau_star = Q(1) / kk;
 

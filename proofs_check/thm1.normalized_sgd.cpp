@@ -8,13 +8,11 @@
 using namespace kla::proofs;
 
 KLA_STATEMENT("thm1.normalized_sgd", "Theorem 1 (iii), App. A") {
-  const Idx dk = dim(), dv = dim();
-  const Mat<Q> S_prev = *matrix(dk, dv);
-  const Vec<Q> a = decay_vector(dk, any_decay() == DecayKind::diagonal);
-  const Vec<Q> k = *nonzero_vector(dk), v = *vector(dv);
-  const Q kk = k.squaredNorm();
-  const Mat<Q> S_tilde = a.asDiagonal() * S_prev;
-  const Vec<Q> e = v - S_tilde.transpose() * k;
+  const TokenCase c = token_case(true);
+  const Idx dk = c.dk, dv = c.dv;
+  const Mat<Q>&S_prev = c.S_prev, &S_tilde = c.S_tilde;
+  const Vec<Q>&a = c.a, &k = c.k, &v = c.v, &e = c.e;
+  const Q kk = c.kk;
 
   const Mat<Q> G = kla::ref::token_loss_gradient<Q>(S_tilde, k, v);
   require_equal(G, -k * e.transpose(), "grad L(S~) and -k e^T");
