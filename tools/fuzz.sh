@@ -11,7 +11,7 @@
 #   tools/fuzz.sh list                   the targets
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(validate exact rounded)
+targets=(validate exact rounded report_cli)
 
 build() {  # build DIR TARGET EXTRA_CMAKE_ARGS...
   local dir=$1 t=$2; shift 2

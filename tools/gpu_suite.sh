@@ -70,9 +70,13 @@ run example_c 60 "$DIST/kla_example_c"
 run example_cpp 60 "$DIST/kla_example_cpp"
 SAN_FILTER='CudaKernels.ZeroKey*:CudaKernels.StatePool*:CudaKernels.TinyKeys*:CudaKernels.InPlace*:CudaKernels.DefaultScale*:CudaKernels.Graph*'
 if command -v compute-sanitizer >/dev/null; then
-  run memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_kernels" \
-    --gtest_filter="$SAN_FILTER"
+  # memcheck and initcheck over every kernel test; racecheck and synccheck (slowest) over the
+  # subset that covers each kernel family and the state pool / in-place / graph paths.
+  run memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$DIST/test_cuda_kernels" \
+    --gtest_filter="$SAN_FILTER"
+  run initcheck 400 compute-sanitizer --tool initcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
+  run synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 9 "$DIST/test_cuda_kernels" \
     --gtest_filter="$SAN_FILTER"
 else
   SUMMARY+=("| sanitizers             | compute-sanitizer not found |")

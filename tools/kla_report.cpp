@@ -33,6 +33,7 @@
 #include <Eigen/Core>
 
 #include "kla/version.hpp"
+#include "report/cli.hpp"
 #include "report/common.hpp"
 #include "report/util.hpp"
 
@@ -42,138 +43,6 @@ using namespace kla::report;
 namespace {
 
 // ---- configuration ----------------------------------------------------------------------------
-
-struct Config {
-  std::string out = "docs/report";
-  std::uint64_t seed = 20250101;
-  bool quick = false, full = false, plots = true;
-  int dk = 16, dv = 16;
-  int threads = 0;
-  int max_len = 0;   // §4 longest sequence (0 = preset)
-  int long_dim = 0;  // §4 head size (0 = preset)
-  std::string python = "/usr/bin/python3";
-  std::string plot_script = KLA_SOURCE_DIR "/tools/plot_report.py";
-  std::string command;
-  // Sizes, set from the preset (quick / default / full).
-  int t_sweep = 512, t_defect = 16, t_forms = 2048, t_stress = 512, t_contraction = 256;
-  std::vector<double> eps_list = {0, 1e-12, 1e-9, 1e-6, 1e-4, 1e-3, 1e-2};
-  std::vector<double> knorms = {1e-4, 1e-3, 1e-2, 1e-1, 1, 10, 100};
-  std::vector<int> chunks = {16, 32, 64, 128};
-};
-
-void usage(std::ostream& os) {
-  os << "usage: kla_report [options]\n"
-        "Writes the precision / eps sensitivity report (Markdown + CSV + PNG) of KLA.\n"
-        "  --out DIR        output directory (default docs/report; replaced atomically)\n"
-        "  --seed N         base seed of every random input (default 20250101)\n"
-        "  --quick          tiny sweep for smoke tests (seconds)\n"
-        "  --full           larger sweep: longer sequences, dk = dv = 32 (about 4x the default)\n"
-        "  --dk N, --dv N   head sizes of the sweeps of sections 2, 3, 5, 6, 7 (default 16)\n"
-        "  --max-len N      longest sequence of section 4 (default 65536, quick 1024)\n"
-        "  --long-dim N     head size (dk = dv) of section 4 (default 8)\n"
-        "  --threads N      worker threads (default: all cores)\n"
-        "  --no-plots       skip the PNG plots (the report says so)\n"
-        "  --python PATH    Python with matplotlib for the plots (default /usr/bin/python3)\n"
-        "  --help           this text\n";
-}
-
-[[noreturn]] void bad_usage(const std::string& msg) {
-  std::cerr << "kla_report: " << msg << "\n";
-  usage(std::cerr);
-  std::exit(2);
-}
-
-long parse_int(const std::string& opt, const std::string& s, long lo, long hi) {
-  try {
-    size_t pos = 0;
-    const long v = std::stol(s, &pos);
-    if (pos != s.size() || v < lo || v > hi) throw std::out_of_range(s);
-    return v;
-  } catch (const std::exception&) {
-    bad_usage(opt + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-              "], got '" + s + "'");
-  }
-}
-
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789-_./=:,+") == std::string::npos)
-    return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Config parse(int argc, char** argv) {
-  Config c;
-  bool dk_set = false, dv_set = false;
-  for (int i = 0; i < argc; ++i) c.command += (i ? " " : "") + shell_quote(argv[i]);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) bad_usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      usage(std::cout);
-      std::exit(0);
-    } else if (a == "--out") {
-      c.out = value();
-      if (c.out.empty()) bad_usage("--out needs a non-empty directory");
-    } else if (a == "--seed") {
-      c.seed = std::uint64_t(parse_int(a, value(), 0, 1L << 62));
-    } else if (a == "--quick") {
-      c.quick = true;
-    } else if (a == "--full") {
-      c.full = true;
-    } else if (a == "--dk") {
-      c.dk = int(parse_int(a, value(), 1, 256));
-      dk_set = true;
-    } else if (a == "--dv") {
-      c.dv = int(parse_int(a, value(), 1, 256));
-      dv_set = true;
-    } else if (a == "--max-len") {
-      c.max_len = int(parse_int(a, value(), 64, 1 << 22));
-    } else if (a == "--long-dim") {
-      c.long_dim = int(parse_int(a, value(), 1, 256));
-    } else if (a == "--threads") {
-      c.threads = int(parse_int(a, value(), 1, 1024));
-    } else if (a == "--no-plots") {
-      c.plots = false;
-    } else if (a == "--python") {
-      c.python = value();
-    } else {
-      bad_usage("unknown option '" + a + "'");
-    }
-  }
-  if (c.quick && c.full) bad_usage("--quick and --full exclude each other");
-  if (c.quick) {
-    if (!dk_set) c.dk = 8;
-    if (!dv_set) c.dv = 8;
-    c.t_sweep = 48;
-    c.t_defect = 6;
-    c.t_forms = 128;
-    c.t_stress = 128;
-    c.t_contraction = 48;
-    c.knorms = {1e-4, 1e-2, 1, 100};
-    c.chunks = {16, 64};
-    if (!c.max_len) c.max_len = 1024;
-    if (!c.long_dim) c.long_dim = 4;
-  } else if (c.full) {
-    if (!dk_set) c.dk = 32;
-    if (!dv_set) c.dv = 32;
-    c.t_sweep = 1024;
-    c.t_defect = 32;
-    c.t_forms = 4096;
-    c.t_stress = 2048;
-    c.t_contraction = 1024;
-    if (!c.long_dim) c.long_dim = 16;
-  }
-  if (!c.max_len) c.max_len = 65536;
-  if (!c.long_dim) c.long_dim = 8;
-  if (!c.threads) c.threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  return c;
-}
 
 // ---- problems ---------------------------------------------------------------------------------
 
@@ -1490,18 +1359,31 @@ void check_out(const fs::path& out) {
   std::error_code ec;
   if (!fs::exists(out, ec)) return;
   if (!fs::is_directory(out, ec))
-    bad_usage("--out " + out.string() + " exists and is not a directory");
+    throw UsageError("--out " + out.string() + " exists and is not a directory");
   if (!fs::is_empty(out, ec) && !fs::exists(out / "report.md", ec))
-    bad_usage("--out " + out.string() +
-              " is a non-empty directory without report.md; refusing to replace it");
+    throw UsageError("--out " + out.string() +
+                     " is a non-empty directory without report.md; refusing to replace it");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Config cfg = parse(argc, argv);
-  const fs::path out = fs::absolute(cfg.out).lexically_normal();
-  check_out(out);
+  Config cfg;
+  fs::path out;
+  try {
+    cfg = parse(argc, argv);
+    if (cfg.plot_script.empty()) cfg.plot_script = KLA_SOURCE_DIR "/tools/plot_report.py";
+    if (cfg.help) {
+      usage(std::cout);
+      return 0;
+    }
+    out = fs::absolute(cfg.out).lexically_normal();
+    check_out(out);
+  } catch (const UsageError& e) {
+    std::cerr << "kla_report: " << e.what() << "\n";
+    usage(std::cerr);
+    return 2;
+  }
   const fs::path tmp =
       out.parent_path() / (out.filename().string() + ".tmp-" + std::to_string(getpid()));
   const auto t0 = std::chrono::steady_clock::now();
