@@ -68,16 +68,13 @@ run props 400 "$DIST/test_cuda_props"
 KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
 run example_c 60 "$DIST/kla_example_c"
 run example_cpp 60 "$DIST/kla_example_cpp"
-SAN_FILTER='CudaKernels.ZeroKey*:CudaKernels.StatePool*:CudaKernels.TinyKeys*:CudaKernels.InPlace*:CudaKernels.DefaultScale*:CudaKernels.Graph*'
 if command -v compute-sanitizer >/dev/null; then
-  # memcheck and initcheck over every kernel test; racecheck and synccheck (slowest) over the
-  # subset that covers each kernel family and the state pool / in-place / graph paths.
+  # Every sanitizer over every kernel test; memcheck also over the RapidCheck properties.
   run memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
-  run racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$DIST/test_cuda_kernels" \
-    --gtest_filter="$SAN_FILTER"
+  run racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$DIST/test_cuda_kernels"
+  run memcheck-props 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_props"
   run initcheck 400 compute-sanitizer --tool initcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
-  run synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 9 "$DIST/test_cuda_kernels" \
-    --gtest_filter="$SAN_FILTER"
+  run synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 9 "$DIST/test_cuda_kernels"
 else
   SUMMARY+=("| sanitizers             | compute-sanitizer not found |")
 fi
