@@ -13,37 +13,7 @@ using kla::ref::forward_substitution;
 using kla::ref::recurrent_forward;
 using kla::ref::token_step;
 
-namespace {
-
-// Case A of test_recurrence.cpp (dk = 2, dv = 1, ε = 1):
-//   k = (1,0), (1,1), (0,2); v = 2, 1, −1; α = 1/2, 1/2, 1; η = 1/2, 1, 3/4;
-//   q = (1,1), (2,−1), (1,3). β = 1/4, 1/3, 3/20; γ = 1/2, 1/4, 1/4.
-HeadInputs<Rational> case_a() {
-  HeadInputs<Rational> in;
-  in.k = RM(3, 2, {R(1), R(0), R(1), R(1), R(0), R(2)});
-  in.v = RM(3, 1, {R(2), R(1), R(-1)});
-  in.q = RM(3, 2, {R(1), R(1), R(2), R(-1), R(1), R(3)});
-  in.eta = RV({R(1, 2), R(1), R(3, 4)});
-  in.alpha = RM(3, 1, {R(1, 2), R(1, 2), R(1)});
-  return in;
-}
-Options<Rational> eps_one() {
-  Options<Rational> opt;
-  opt.eps = R(1);
-  return opt;
-}
-// Case B of test_recurrence.cpp (diagonal decay, ε = 0, S0 = I).
-HeadInputs<Rational> case_b() {
-  HeadInputs<Rational> in;
-  in.k = RM(2, 2, {R(1), R(1), R(2), R(0)});
-  in.v = RM(2, 2, {R(1), R(0), R(0), R(1)});
-  in.q = RM(2, 2, {R(1), R(0), R(0), R(6)});
-  in.eta = RV({R(1), R(1, 2)});
-  in.alpha = RM(2, 2, {R(1, 2), R(1), R(1), R(1, 3)});
-  return in;
-}
-
-}  // namespace
+// case_a(), case_b() and eps_one() are the hand-worked cases of test_support.hpp.
 
 TEST(ChunkHand, SystemCaseAFromZero) {
   // Matrix I + B(A⁻∘KKᵀ), entries (i,j), j < i: β_i Γ(i,j) k_iᵀk_j

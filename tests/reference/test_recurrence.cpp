@@ -9,41 +9,7 @@ using kla::ref::readout_scale;
 using kla::ref::recurrent_forward;
 using kla::ref::token_step;
 
-namespace {
-
-// Case A: dk = 2, dv = 1, ε = 1, scalar decay.
-//   token 1: k = (1,0), v = 2,  α = 1/2, η = 1/2, q = (1,1)
-//   token 2: k = (1,1), v = 1,  α = 1/2, η = 1,   q = (2,-1)
-//   token 3: k = (0,2), v = -1, α = 1,   η = 3/4, q = (1,3)
-HeadInputs<Rational> case_a() {
-  HeadInputs<Rational> in;
-  in.k = RM(3, 2, {R(1), R(0), R(1), R(1), R(0), R(2)});
-  in.v = RM(3, 1, {R(2), R(1), R(-1)});
-  in.q = RM(3, 2, {R(1), R(1), R(2), R(-1), R(1), R(3)});
-  in.eta = RV({R(1, 2), R(1), R(3, 4)});
-  in.alpha = RM(3, 1, {R(1, 2), R(1, 2), R(1)});
-  return in;
-}
-Options<Rational> eps_one() {
-  Options<Rational> opt;
-  opt.eps = R(1);
-  return opt;
-}
-
-// Case B: dk = 2, dv = 2, ε = 0, per-channel (diagonal) decay, initial state S0 = I.
-//   token 1: k = (1,1), v = (1,0), α = (1/2, 1), η = 1,   q = (1,0)
-//   token 2: k = (2,0), v = (0,1), α = (1, 1/3), η = 1/2, q = (0,6)
-HeadInputs<Rational> case_b() {
-  HeadInputs<Rational> in;
-  in.k = RM(2, 2, {R(1), R(1), R(2), R(0)});
-  in.v = RM(2, 2, {R(1), R(0), R(0), R(1)});
-  in.q = RM(2, 2, {R(1), R(0), R(0), R(6)});
-  in.eta = RV({R(1), R(1, 2)});
-  in.alpha = RM(2, 2, {R(1, 2), R(1), R(1), R(1, 3)});
-  return in;
-}
-
-}  // namespace
+// case_a(), case_b() and eps_one() are the hand-worked cases of test_support.hpp.
 
 TEST(RecurrenceHand, CaseAFromZero) {
   // t1: S̃ = 0, e = 2, β = (1/2)/(1+1) = 1/4, S1 = (1/4)(1,0)·2 = (1/2, 0);     o1 = 1/2

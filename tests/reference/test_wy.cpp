@@ -13,24 +13,8 @@ using kla::ref::wy_state;
 
 namespace {
 
-// Case A of test_recurrence.cpp: dk = 2, dv = 1, ε = 1,
-//   k = (1,0), (1,1), (0,2); v = 2, 1, −1; α = 1/2, 1/2, 1; η = 1/2, 1, 3/4
-//   β = (1/2)/2 = 1/4, 1/3, (3/4)/5 = 3/20
-//   γ = 1/2, 1/4, 1/4; Γ(2,1) = 1/2, Γ(3,1) = 1/2, Γ(3,2) = 1.
-HeadInputs<Rational> case_a() {
-  HeadInputs<Rational> in;
-  in.k = RM(3, 2, {R(1), R(0), R(1), R(1), R(0), R(2)});
-  in.v = RM(3, 1, {R(2), R(1), R(-1)});
-  in.q = RM(3, 2, {R(1), R(1), R(2), R(-1), R(1), R(3)});
-  in.eta = RV({R(1, 2), R(1), R(3, 4)});
-  in.alpha = RM(3, 1, {R(1, 2), R(1, 2), R(1)});
-  return in;
-}
-Options<Rational> eps_one() {
-  Options<Rational> opt;
-  opt.eps = R(1);
-  return opt;
-}
+// case_a() of test_support.hpp: β = 1/4, 1/3, 3/20; γ = 1/2, 1/4, 1/4;
+//   Γ(2,1) = 1/2, Γ(3,1) = 1/2, Γ(3,2) = 1.
 
 /// M_t = (I − β_t k_t k_tᵀ) diag(α_t): the exact linear part of token t, built here.
 Mat<Rational> transition(const HeadInputs<Rational>& in, const Options<Rational>& opt, Idx t) {
