@@ -64,17 +64,10 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int64_t KV = int64_t(K) * V;
   const int c0 = slice * VS;
 
-  const float* s_in;
-  float* s_out;
-  if (p.indices) {
-    const int idx = p.indices[n];
-    if (idx < 0) return;
-    s_out = p.pool + (int64_t(idx) * p.HV + hv) * KV;
-    s_in = s_out;
-  } else {
-    s_in = p.s_in ? p.s_in + (int64_t(n) * p.HV + hv) * KV : nullptr;
-    s_out = p.s_out ? p.s_out + (int64_t(n) * p.HV + hv) * KV : nullptr;
-  }
+  const StateSlot slot = state_slot(p, n, hv, KV);
+  if (slot.skip) return;  // pool index -1: nothing read, nothing written
+  const float* s_in = slot.in;
+  float* s_out = slot.out;
   const SeqRange sr = seq_range(p, n);
   const E* qb = static_cast<const E*>(p.q);
   const E* kb = static_cast<const E*>(p.k);

@@ -78,6 +78,25 @@ __device__ __forceinline__ SeqRange seq_range(const KernelParams& p, int n) {
   return {n, 0, p.T};
 }
 
+/// Where head (n, hv) reads and writes its [K,V] fp32 state: the pool row p.indices[n], updated
+/// in place (skip when the index is -1), or the optional initial / final state tensors
+/// [N,HV,K,V]. One place for the addressing every kernel shares.
+struct StateSlot {
+  const float* in;
+  float* out;
+  bool skip;
+};
+__device__ __forceinline__ StateSlot state_slot(const KernelParams& p, int n, int hv, int64_t KV) {
+  if (p.indices) {
+    const int idx = p.indices[n];
+    if (idx < 0) return {nullptr, nullptr, true};
+    float* s = p.pool + (int64_t(idx) * p.HV + hv) * KV;
+    return {s, s, false};
+  }
+  return {p.s_in ? p.s_in + (int64_t(n) * p.HV + hv) * KV : nullptr,
+          p.s_out ? p.s_out + (int64_t(n) * p.HV + hv) * KV : nullptr, false};
+}
+
 /// The per-token coefficients of the normalised-key form (SPEC §1): KLA(q,k,v,eta) equals
 /// GDN(q, k^, v^, beta = eta) with k^ = k/r, v^ = v/r, r = sqrt(|k|^2 + eps). Kernels scale
 /// keys and values by `kscale` and use `beta`; for |k|^2 + eps == 0 both are 0 (the degenerate
