@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "common.hpp"
+#include "head.hpp"
 #include "kla/ref.hpp"
 
 namespace kla::report {
@@ -58,27 +59,6 @@ std::string Algo::label() const {
 }
 
 namespace {
-
-/// Converts a storage-rounded problem to the compute type T (exact: T holds the storage dtype).
-template <class T>
-ref::HeadInputs<T> to_head(const Problem& p) {
-  ref::HeadInputs<T> in;
-  in.q.resize(p.T, p.dk);
-  in.k.resize(p.T, p.dk);
-  in.v.resize(p.T, p.dv);
-  in.eta.resize(p.T);
-  if (!p.alpha.empty()) in.alpha.resize(p.T, 1);
-  for (int t = 0; t < p.T; ++t) {
-    for (int i = 0; i < p.dk; ++i) {
-      in.q(t, i) = ref::scalar_cast<T>(p.q[size_t(t) * p.dk + i]);
-      in.k(t, i) = ref::scalar_cast<T>(p.k[size_t(t) * p.dk + i]);
-    }
-    for (int j = 0; j < p.dv; ++j) in.v(t, j) = ref::scalar_cast<T>(p.v[size_t(t) * p.dv + j]);
-    in.eta(t) = ref::scalar_cast<T>(p.eta[t]);
-    if (!p.alpha.empty()) in.alpha(t, 0) = ref::scalar_cast<T>(p.alpha[t]);
-  }
-  return in;
-}
 
 template <class T>
 std::vector<double> flat(const ref::Mat<T>& m) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "common.hpp"
+#include "head.hpp"
 #include "kla/ref.hpp"
 
 namespace kla::report {
@@ -90,26 +91,6 @@ RunResult truth_forward(const Problem& p, double eps) {
 namespace {
 
 template <class T>
-ref::HeadInputs<T> head_of(const Problem& p) {
-  ref::HeadInputs<T> in;
-  in.q.resize(p.T, p.dk);
-  in.k.resize(p.T, p.dk);
-  in.v.resize(p.T, p.dv);
-  in.eta.resize(p.T);
-  if (!p.alpha.empty()) in.alpha.resize(p.T, 1);
-  for (int t = 0; t < p.T; ++t) {
-    for (int i = 0; i < p.dk; ++i) {
-      in.q(t, i) = ref::scalar_cast<T>(p.q[size_t(t) * p.dk + i]);
-      in.k(t, i) = ref::scalar_cast<T>(p.k[size_t(t) * p.dk + i]);
-    }
-    for (int j = 0; j < p.dv; ++j) in.v(t, j) = ref::scalar_cast<T>(p.v[size_t(t) * p.dv + j]);
-    in.eta(t) = ref::scalar_cast<T>(p.eta[t]);
-    if (!p.alpha.empty()) in.alpha(t, 0) = ref::scalar_cast<T>(p.alpha[t]);
-  }
-  return in;
-}
-
-template <class T>
 RunResult result_of(const ref::HeadOutputs<T>& r) {
   RunResult out;
   for (Eigen::Index t = 0; t < r.o.rows(); ++t)
@@ -126,7 +107,7 @@ RunResult reference_mpfr(const Problem& p, double eps, const Algo& a) {
   using T = ref::Mpfr;
   ref::Options<T> opt;
   opt.eps = T(eps);
-  auto in = head_of<T>(p);
+  auto in = to_head<T>(p);
   if (a.normalized) {
     in = ref::normalize_keys(in, opt.eps);
     opt.coefficient = ref::Coefficient::given;
@@ -139,7 +120,7 @@ RunResult reference_rational(const Problem& p, double eps) {
   using T = ref::Rational;
   ref::Options<T> opt;
   opt.eps = T(eps);
-  return result_of(ref::recurrent_forward(head_of<T>(p), opt));
+  return result_of(ref::recurrent_forward(to_head<T>(p), opt));
 }
 
 double loss_ratio(const double* Sa, const double* Sb, const double* k, const double* v, int dk,
