@@ -21,6 +21,7 @@
 // at the copy rate measured at start-up), floor_frac (floor / time), sets (rotation).
 // Floor bytes: prefill reads q, k, v and writes o once in the call's dtype, reads g and eta in fp32
 // (1032 B per head-token in bf16 at K = V = 128); decode adds the fp32 state read and written.
+// Inputs are laid out and converted by tests/cuda/kernel_inputs.hpp, as in the GPU tests.
 //
 //   kla_bench_cuda [--benchmark_filter=REGEX] [--benchmark_out=FILE --benchmark_out_format=json]
 //                  [--kla_no_gpu_exit_code=N]   (default 0: no GPU is not an error)
@@ -36,18 +37,16 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernel_inputs.hpp"
 #include "kla/kla.h"
 
 namespace {
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-#define CK(x) check_cuda((x), #x)
+using kla::test::dtype_name;
+using kla::test::dtype_size;
+using kla::test::Shape;
 
 /// Process-wide state: the stream every case runs on, the L2 size and the copy rate.
 struct Globals {
@@ -57,13 +56,6 @@ struct Globals {
   std::string gpu;
 };
 Globals G;
-
-const char* dtype_name(kla_dtype dt) {
-  return dt == KLA_DTYPE_FP32 ? "fp32" : dt == KLA_DTYPE_BF16 ? "bf16" : "fp16";
-}
-size_t dtype_size(kla_dtype dt) {
-  return dt == KLA_DTYPE_FP32 ? 4 : 2;
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -77,6 +69,13 @@ double median(std::vector<double> v) {
 // filled by device-to-device copies from the pool at varying offsets (fast, never zeros).
 enum class Fill { unit_fp32, unit_bf16, unit_fp16, log_decay, eta, state, count };
 
+/// The dtype a pool's values are stored in (the unit pools serve q, k, v and o of each dtype).
+kla_dtype storage_dtype(Fill kind) {
+  return kind == Fill::unit_bf16   ? KLA_DTYPE_BF16
+         : kind == Fill::unit_fp16 ? KLA_DTYPE_FP16
+                                   : KLA_DTYPE_FP32;
+}
+
 class Pools {
  public:
   static constexpr size_t kElems = size_t(1) << 22;  // 4 Mi values per pool
@@ -86,7 +85,6 @@ class Pools {
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f), decay(-0.2f, -0.005f),
         gate(0.3f, 1.0f), st(-0.05f, 0.05f);
     std::vector<float> f(kElems);
-    std::vector<uint16_t> h(kElems);
     for (int k = 0; k < int(Fill::count); ++k) {
       const Fill kind = Fill(k);
       for (float& x : f) {
@@ -97,21 +95,11 @@ class Pools {
           default: x = unit(rng); break;
         }
       }
-      const void* src = f.data();
-      size_t bytes = kElems * 4;
-      if (kind == Fill::unit_bf16 || kind == Fill::unit_fp16) {
-        for (size_t i = 0; i < kElems; ++i) {
-          if (kind == Fill::unit_bf16)
-            h[i] = __nv_bfloat16_raw(__float2bfloat16_rn(f[i])).x;
-          else
-            h[i] = __half_raw(__float2half_rn(f[i])).x;
-        }
-        src = h.data();
-        bytes = kElems * 2;
-      }
-      CK(cudaMalloc(&pool_[k], bytes));
-      CK(cudaMemcpy(pool_[k], src, bytes, cudaMemcpyHostToDevice));
-      bytes_[k] = bytes;
+      const std::vector<unsigned char> bytes =
+          kla::test::encode(storage_dtype(kind), f.data(), kElems);
+      KLA_CUDA_CHECK(cudaMalloc(&pool_[k], bytes.size()));
+      KLA_CUDA_CHECK(cudaMemcpy(pool_[k], bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+      bytes_[k] = bytes.size();
     }
   }
   ~Pools() {
@@ -129,8 +117,8 @@ class Pools {
       const size_t off =
           size_t(((seed + i) * 0x9E3779B97F4A7C15ull) >> 20) % (pb / 2) & ~size_t(15);
       const size_t n = std::min(bytes - done, pb - off);
-      CK(cudaMemcpyAsync(static_cast<char*>(dst) + done, src + off, n, cudaMemcpyDeviceToDevice,
-                         G.stream));
+      KLA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + done, src + off, n,
+                                     cudaMemcpyDeviceToDevice, G.stream));
       done += n;
     }
   }
@@ -144,25 +132,26 @@ Pools* g_pools = nullptr;
 // ---- one benchmark case -------------------------------------------------------------------------
 struct Case {
   bool decode;
-  kla_dtype dt;
-  int B, T, H, HV, K, V;
+  Shape shape;
 
-  double head_tokens() const { return double(B) * T * HV; }
+  double head_tokens() const { return double(shape.gate_elems()); }
   /// The fewest bytes a call must move (see the file comment).
   double floor_bytes() const {
-    const double es = double(dtype_size(dt));
-    double b = double(B) * T * (H * 2.0 * K * es + HV * (2.0 * V * es + 8.0));
-    if (decode) b += double(B) * HV * K * V * 4.0 * 2.0;
+    const double es = double(dtype_size(shape.dtype));
+    double b = 2.0 * es * double(shape.qk_elems() + shape.v_elems()) + 8.0 * shape.gate_elems();
+    if (decode) b += 2.0 * 4.0 * double(shape.state_elems());
     return b;
   }
   std::string name(const char* variant) const {
-    char s[160];
+    const Shape& s = shape;
+    char n[160];
     if (decode)
-      std::snprintf(s, sizeof s, "decode/%s/B%dxH%d/K%dV%d/%s", dtype_name(dt), B, H, K, V,
-                    variant);
+      std::snprintf(n, sizeof n, "decode/%s/B%dxH%d/K%dV%d/%s", dtype_name(s.dtype), s.B, s.H, s.K,
+                    s.V, variant);
     else
-      std::snprintf(s, sizeof s, "prefill/%s/%dx%dx%d/K%dV%d", dtype_name(dt), B, T, H, K, V);
-    return s;
+      std::snprintf(n, sizeof n, "prefill/%s/%dx%dx%d/K%dV%d", dtype_name(s.dtype), s.B, s.T, s.H,
+                    s.K, s.V);
+    return n;
   }
 };
 
@@ -170,31 +159,24 @@ struct Case {
 class Rotation {
  public:
   explicit Rotation(const Case& c) : c_(c) {
-    const size_t es = dtype_size(c.dt);
-    const size_t nqk = size_t(c.B) * c.T * c.H * c.K, nv = size_t(c.B) * c.T * c.HV * c.V;
-    const size_t ng = size_t(c.B) * c.T * c.HV, ns = size_t(c.B) * c.HV * c.K * c.V;
+    const Shape& s = c.shape;
+    const size_t es = dtype_size(s.dtype);
+    const size_t nqk = s.qk_elems(), nv = s.v_elems(), ng = s.gate_elems(), ns = s.state_elems();
     auto up16 = [](size_t b) { return (b + 255) / 256 * 256; };
     set_bytes_ =
         up16(nqk * es) * 2 + up16(nv * es) * 2 + up16(ng * 4) * 2 + (c.decode ? up16(ns * 4) : 0);
     size_t n = size_t(std::ceil(2.2 * double(G.l2_bytes) / double(set_bytes_)));
     n = std::clamp<size_t>(n, 1, 256);
     size_t free_b = 0, total_b = 0;
-    CK(cudaMemGetInfo(&free_b, &total_b));
+    KLA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     while (n > 1 && n * set_bytes_ > free_b / 2) --n;
 
-    const Fill unit = c.dt == KLA_DTYPE_FP32   ? Fill::unit_fp32
-                      : c.dt == KLA_DTYPE_BF16 ? Fill::unit_bf16
-                                               : Fill::unit_fp16;
+    const Fill unit = s.dtype == KLA_DTYPE_FP32   ? Fill::unit_fp32
+                      : s.dtype == KLA_DTYPE_BF16 ? Fill::unit_bf16
+                                                  : Fill::unit_fp16;
+    const kla::test::Strides layout = kla::test::row_major_strides(s);
     for (size_t i = 0; i < n; ++i) {
-      kla_params p;
-      kla_params_init(&p);
-      p.dtype = c.dt;
-      p.batch = c.B;
-      p.seq_len = c.T;
-      p.num_heads = c.H;
-      p.num_v_heads = c.HV;
-      p.head_dim_k = c.K;
-      p.head_dim_v = c.V;
+      kla_params p = kla::test::shaped_params(s, layout);
       const uint64_t seed = 16 * i;
       p.q = alloc(nqk * es, unit, seed + 1);
       p.k = alloc(nqk * es, unit, seed + 2);
@@ -202,14 +184,6 @@ class Rotation {
       p.o = alloc(nv * es, unit, seed + 4);
       p.g = static_cast<const float*>(alloc(ng * 4, Fill::log_decay, seed + 5));
       p.eta = static_cast<const float*>(alloc(ng * 4, Fill::eta, seed + 6));
-      const int64_t qs[3] = {int64_t(c.T) * c.H * c.K, int64_t(c.H) * c.K, c.K};
-      const int64_t vs[3] = {int64_t(c.T) * c.HV * c.V, int64_t(c.HV) * c.V, c.V};
-      for (int d = 0; d < 3; ++d) {
-        p.q_strides[d] = p.k_strides[d] = qs[d];
-        p.v_strides[d] = p.o_strides[d] = vs[d];
-      }
-      p.g_strides[0] = p.eta_strides[0] = int64_t(c.T) * c.HV;
-      p.g_strides[1] = p.eta_strides[1] = c.HV;
       p.eps = 1e-6f;
       if (c.decode) {
         float* s = static_cast<float*>(alloc(ns * 4, Fill::state, seed + 7));
@@ -225,7 +199,7 @@ class Rotation {
       const size_t ws = kla_workspace_size(&params_[0]);
       if (ws > 0) {
         void* w = nullptr;
-        CK(cudaMalloc(&w, ws));
+        KLA_CUDA_CHECK(cudaMalloc(&w, ws));
         allocs_.push_back(w);
         for (kla_params& p : params_) {
           p.workspace = w;
@@ -234,7 +208,7 @@ class Rotation {
       }
     }
 #endif
-    CK(cudaStreamSynchronize(G.stream));
+    KLA_CUDA_CHECK(cudaStreamSynchronize(G.stream));
   }
   ~Rotation() {
     for (void* p : allocs_) cudaFree(p);
@@ -254,34 +228,22 @@ class Rotation {
   template <class Call>
   std::string check_output(Call call) const {
     const kla_params& p = params_[0];
-    const size_t es = dtype_size(c_.dt);
-    const size_t n = size_t(c_.B) * c_.T * c_.HV * c_.V;
-    CK(cudaMemsetAsync(p.o, 0xFF, n * es, G.stream));
+    const size_t es = dtype_size(c_.shape.dtype);
+    const size_t n = c_.shape.v_elems();  // o has v's shape
+    KLA_CUDA_CHECK(cudaMemsetAsync(p.o, 0xFF, n * es, G.stream));
     if (kla_status s = call(p))
       return std::string(kla_status_string(s)) + ": " + kla_last_error_message();
-    CK(cudaStreamSynchronize(G.stream));
-    CK(cudaGetLastError());
+    KLA_CUDA_CHECK(cudaStreamSynchronize(G.stream));
+    KLA_CUDA_CHECK(cudaGetLastError());
     const size_t m = std::min<size_t>(n, 1 << 16);
     for (size_t start : {size_t(0), n - m}) {
-      std::vector<uint16_t> h(m * es / 2);
-      CK(cudaMemcpy(h.data(), static_cast<const char*>(p.o) + start * es, m * es,
-                    cudaMemcpyDeviceToHost));
-      for (size_t i = 0; i < m; ++i) {
-        float x;
-        if (es == 4) {
-          std::memcpy(&x, &h[2 * i], 4);
-        } else if (c_.dt == KLA_DTYPE_BF16) {
-          __nv_bfloat16_raw r;
-          r.x = h[i];
-          x = __bfloat162float(__nv_bfloat16(r));
-        } else {
-          __half_raw r;
-          r.x = h[i];
-          x = __half2float(__half(r));
-        }
-        if (!std::isfinite(x))
+      std::vector<unsigned char> h(m * es);
+      KLA_CUDA_CHECK(cudaMemcpy(h.data(), static_cast<const char*>(p.o) + start * es, m * es,
+                                cudaMemcpyDeviceToHost));
+      const std::vector<float> x = kla::test::decode(c_.shape.dtype, h.data(), m);
+      for (size_t i = 0; i < m; ++i)
+        if (!std::isfinite(x[i]))
           return "output element " + std::to_string(start + i) + " not written or not finite";
-      }
     }
     return {};
   }
@@ -289,7 +251,7 @@ class Rotation {
  private:
   void* alloc(size_t bytes, Fill kind, uint64_t seed) {
     void* p = nullptr;
-    CK(cudaMalloc(&p, bytes));
+    KLA_CUDA_CHECK(cudaMalloc(&p, bytes));
     allocs_.push_back(p);
     g_pools->fill(p, bytes, kind, seed);
     return p;
@@ -327,8 +289,8 @@ struct Timer {
   cudaEvent_t a = nullptr, b = nullptr;
   std::vector<double> seconds;
   Timer() {
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
+    KLA_CUDA_CHECK(cudaEventCreate(&a));
+    KLA_CUDA_CHECK(cudaEventCreate(&b));
   }
   ~Timer() {
     cudaEventDestroy(a);
@@ -336,13 +298,13 @@ struct Timer {
   }
   Timer(const Timer&) = delete;
   Timer& operator=(const Timer&) = delete;
-  void start() { CK(cudaEventRecord(a, G.stream)); }
+  void start() { KLA_CUDA_CHECK(cudaEventRecord(a, G.stream)); }
   /// Ends the region; returns its seconds divided by `calls`.
   double stop(int calls) {
-    CK(cudaEventRecord(b, G.stream));
-    CK(cudaEventSynchronize(b));
+    KLA_CUDA_CHECK(cudaEventRecord(b, G.stream));
+    KLA_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    KLA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     const double s = 1e-3 * double(ms) / calls;
     seconds.push_back(s);
     return s;
@@ -377,7 +339,7 @@ void bench_prefill(benchmark::State& st, Case c) {
       return;
     }
     for (size_t i = 0; i < 3; ++i) (void)call_chunk(rot[i]);
-    CK(cudaStreamSynchronize(G.stream));
+    KLA_CUDA_CHECK(cudaStreamSynchronize(G.stream));
     Timer t;
     size_t i = 0;
     for (auto _ : st) {
@@ -409,22 +371,22 @@ void bench_decode(benchmark::State& st, Case c, bool graph) {
     cudaGraphExec_t exec = nullptr;
     if (graph) {
       cudaGraph_t g = nullptr;
-      CK(cudaStreamBeginCapture(G.stream, cudaStreamCaptureModeThreadLocal));
+      KLA_CUDA_CHECK(cudaStreamBeginCapture(G.stream, cudaStreamCaptureModeThreadLocal));
       kla_status bad = KLA_SUCCESS;
       for (int i = 0; i < calls; ++i)
         if (kla_status s = call_tokenwise(rot[size_t(i)])) bad = s;
-      CK(cudaStreamEndCapture(G.stream, &g));
+      KLA_CUDA_CHECK(cudaStreamEndCapture(G.stream, &g));
       if (bad != KLA_SUCCESS) {
         cudaGraphDestroy(g);
         st.SkipWithError(kla_last_error_message());
         return;
       }
-      CK(cudaGraphInstantiate(&exec, g, 0));
-      CK(cudaGraphDestroy(g));
+      KLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+      KLA_CUDA_CHECK(cudaGraphDestroy(g));
     }
     auto region = [&](size_t& i) {
       if (graph) {
-        CK(cudaGraphLaunch(exec, G.stream));
+        KLA_CUDA_CHECK(cudaGraphLaunch(exec, G.stream));
         return KLA_SUCCESS;
       }
       kla_status bad = KLA_SUCCESS;
@@ -434,7 +396,7 @@ void bench_decode(benchmark::State& st, Case c, bool graph) {
     };
     size_t i = 0;
     for (int w = 0; w < 3; ++w) (void)region(i);
-    CK(cudaStreamSynchronize(G.stream));
+    KLA_CUDA_CHECK(cudaStreamSynchronize(G.stream));
     Timer t;
     for (auto _ : st) {
       t.start();
@@ -446,7 +408,7 @@ void bench_decode(benchmark::State& st, Case c, bool graph) {
       }
       st.SetIterationTime(sec);
     }
-    if (exec) CK(cudaGraphExecDestroy(exec));
+    if (exec) KLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
     set_counters(st, c, t, rot.size());
   } catch (const std::exception& e) {
     st.SkipWithError(e.what());
@@ -458,10 +420,10 @@ struct CopyBuffers {
   void* dst = nullptr;
   size_t bytes = size_t(1) << 30;
   CopyBuffers() {
-    CK(cudaMalloc(&src, bytes));
-    CK(cudaMalloc(&dst, bytes));
+    KLA_CUDA_CHECK(cudaMalloc(&src, bytes));
+    KLA_CUDA_CHECK(cudaMalloc(&dst, bytes));
     g_pools->fill(src, bytes, Fill::unit_fp32, 99);
-    CK(cudaStreamSynchronize(G.stream));
+    KLA_CUDA_CHECK(cudaStreamSynchronize(G.stream));
   }
   ~CopyBuffers() {
     cudaFree(src);
@@ -469,7 +431,9 @@ struct CopyBuffers {
   }
   CopyBuffers(const CopyBuffers&) = delete;
   CopyBuffers& operator=(const CopyBuffers&) = delete;
-  void copy() const { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, G.stream)); }
+  void copy() const {
+    KLA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, G.stream));
+  }
 };
 
 /// Median copy rate (bytes read + written per second) of `reps` 1 GiB copies after warm-up.
@@ -546,12 +510,12 @@ int main(int argc, char** argv) {
 
   try {
     int dev = 0;
-    CK(cudaGetDevice(&dev));
+    KLA_CUDA_CHECK(cudaGetDevice(&dev));
     cudaDeviceProp prop{};
-    CK(cudaGetDeviceProperties(&prop, dev));
+    KLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     G.gpu = prop.name;
     G.l2_bytes = size_t(prop.l2CacheSize);
-    CK(cudaStreamCreateWithFlags(&G.stream, cudaStreamNonBlocking));
+    KLA_CUDA_CHECK(cudaStreamCreateWithFlags(&G.stream, cudaStreamNonBlocking));
     g_pools = new Pools();
     G.copy_bytes_per_s = measure_copy(15);
 
@@ -571,11 +535,11 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMicrosecond);
     const kla_dtype dts[] = {KLA_DTYPE_BF16, KLA_DTYPE_FP16, KLA_DTYPE_FP32};
     for (kla_dtype dt : dts) {
-      const Case prefill[] = {{false, dt, 1, 32768, 16, 16, 128, 128},
-                              {false, dt, 4, 8192, 16, 16, 128, 128},
-                              {false, dt, 1, 131072, 8, 8, 128, 128},
-                              {false, dt, 8, 4096, 16, 16, 128, 128},
-                              {false, dt, 1, 32768, 12, 12, 96, 192}};
+      const Case prefill[] = {{false, {dt, 1, 32768, 16, 16, 128, 128}},
+                              {false, {dt, 4, 8192, 16, 16, 128, 128}},
+                              {false, {dt, 1, 131072, 8, 8, 128, 128}},
+                              {false, {dt, 8, 4096, 16, 16, 128, 128}},
+                              {false, {dt, 1, 32768, 12, 12, 96, 192}}};
       for (const Case& c : prefill)
         benchmark::RegisterBenchmark(c.name("").c_str(), bench_prefill, c)
             ->UseManualTime()
@@ -584,7 +548,7 @@ int main(int argc, char** argv) {
     for (kla_dtype dt : dts)
       for (int B : {1, 8, 64, 256})
         for (bool graph : {false, true}) {
-          const Case c{true, dt, B, 1, 16, 16, 128, 128};
+          const Case c{true, {dt, B, 1, 16, 16, 128, 128}};
           benchmark::RegisterBenchmark(c.name(graph ? "graph" : "launch").c_str(), bench_decode, c,
                                        graph)
               ->UseManualTime()

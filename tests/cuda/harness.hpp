@@ -3,13 +3,14 @@
 //
 // Inputs are generated in float and rounded once to the call's dtype; the rounded values, held
 // as float (exact for bf16/fp16), feed both the kernel (converted back exactly) and the
-// reference, so the comparison measures the kernel's arithmetic alone.
+// reference, so the comparison measures the kernel's arithmetic alone. The dtypes' storage and
+// the layouts come from kernel_inputs.hpp, shared with the CUDA benchmark.
 #pragma once
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <stdexcept>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -17,10 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernel_inputs.hpp"
 #include "kla/kla.h"
 #include "kla/ref/scalar.hpp"
 #include "kla/ref/tensor.hpp"
@@ -48,32 +48,12 @@ inline bool gpu_available(std::string* why = nullptr) {
     if (!::kla::test::gpu_available(&why_)) GTEST_SKIP() << why_; \
   } while (0)
 
-#define KLA_CUDA_CHECK(x)                                                        \
-  do {                                                                           \
-    const cudaError_t e_ = (x);                                                  \
-    if (e_ != cudaSuccess)                                                       \
-      throw std::runtime_error(std::string(#x) + ": " + cudaGetErrorString(e_)); \
-  } while (0)
-
 /// Unit roundoff u = 2^-p of a dtype (p significand bits incl. the implicit one).
 inline double unit_roundoff(kla_dtype d) {
   return d == KLA_DTYPE_FP32   ? std::ldexp(1.0, -24)
          : d == KLA_DTYPE_BF16 ? std::ldexp(1.0, -8)
                                : std::ldexp(1.0, -11);
 }
-inline const char* dtype_name(kla_dtype d) {
-  return d == KLA_DTYPE_FP32 ? "fp32" : d == KLA_DTYPE_BF16 ? "bf16" : "fp16";
-}
-inline std::size_t dtype_size(kla_dtype d) {
-  return d == KLA_DTYPE_FP32 ? 4 : 2;
-}
-
-inline float round_to(kla_dtype d, float x) {
-  if (d == KLA_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(x));
-  if (d == KLA_DTYPE_FP16) return __half2float(__float2half_rn(x));
-  return x;
-}
-
 /// Problem description. cu_seqlens empty = N = B sequences of length T.
 struct Config {
   kla_dtype dtype = KLA_DTYPE_FP32;
@@ -92,6 +72,7 @@ struct Config {
   std::uint64_t seed = 1;
 
   int N() const { return cu_seqlens.empty() ? B : int(cu_seqlens.size()) - 1; }
+  Shape shape() const { return {dtype, B, T, H, HV, K, V}; }
   float resolved_scale() const { return scale != 0.0f ? scale : 1.0f / std::sqrt(float(K)); }
   std::string describe() const {
     std::string s =
@@ -110,10 +91,10 @@ struct Config {
   }
 };
 
-/// Host data (rounded values as float) in the device layouts.
-struct Data {
+/// Host data (rounded values as float) in the device layouts, whose strides it holds (qs, vs,
+/// os, gs).
+struct Data : Strides {
   Config cfg;
-  int64_t qs[3], vs[3], os[3], gs[2];
   std::vector<float> q, k, v, g, eta, s0;
 
   std::size_t o_elems() const { return std::size_t(cfg.B) * os[0]; }
@@ -126,18 +107,7 @@ inline Data make_data(const Config& c) {
   std::mt19937_64 rng(c.seed);
   std::normal_distribution<double> nd(0.0, 1.0);
   std::uniform_real_distribution<double> ud(0.0, 1.0);
-  const int64_t qh = c.K + c.pad_qk, vh = c.V + c.pad_v, oh = c.V + c.pad_o;
-  d.qs[2] = qh;
-  d.qs[1] = qh * c.H;
-  d.qs[0] = d.qs[1] * c.T;
-  d.vs[2] = vh;
-  d.vs[1] = vh * c.HV;
-  d.vs[0] = d.vs[1] * c.T;
-  d.os[2] = oh;
-  d.os[1] = oh * c.HV;
-  d.os[0] = d.os[1] * c.T;
-  d.gs[1] = c.HV;
-  d.gs[0] = int64_t(c.HV) * c.T;
+  static_cast<Strides&>(d) = row_major_strides(c.shape(), c.pad_qk, c.pad_v, c.pad_o);
   d.q.assign(std::size_t(c.B) * d.qs[0], 0.f);
   d.k = d.q;
   d.v.assign(std::size_t(c.B) * d.vs[0], 0.f);
@@ -162,7 +132,7 @@ inline Data make_data(const Config& c) {
         for (int i = 0; i < c.V; ++i)
           d.v[b * d.vs[0] + t * d.vs[1] + hv * d.vs[2] + i] = round_to(c.dtype, float(nd(rng)));
     }
-  const std::size_t ng = std::size_t(c.B) * c.T * c.HV;
+  const std::size_t ng = c.shape().gate_elems();
   if (c.has_g) {
     d.g.resize(ng);
     for (auto& x : d.g) x = float(-c.decay_max * ud(rng));
@@ -217,19 +187,7 @@ struct DeviceProblem {
   }
 
   void* upload(const std::vector<float>& x) {
-    const kla_dtype dt = data.cfg.dtype;
-    std::vector<unsigned char> bytes(x.size() * dtype_size(dt));
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      if (dt == KLA_DTYPE_FP32) {
-        std::memcpy(&bytes[i * 4], &x[i], 4);
-      } else if (dt == KLA_DTYPE_BF16) {
-        const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
-        std::memcpy(&bytes[i * 2], &h, 2);
-      } else {
-        const __half h = __float2half_rn(x[i]);
-        std::memcpy(&bytes[i * 2], &h, 2);
-      }
-    }
+    const std::vector<unsigned char> bytes = encode(data.cfg.dtype, x.data(), x.size());
     void* p = nullptr;
     KLA_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes.size(), 16)));
     KLA_CUDA_CHECK(cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
@@ -245,27 +203,13 @@ struct DeviceProblem {
   /// Params for this problem (initial state = s0 if present, final state = sf if wanted).
   kla_params params() const {
     const Config& c = data.cfg;
-    kla_params p;
-    kla_params_init(&p);
-    p.dtype = c.dtype;
-    p.batch = c.B;
-    p.seq_len = c.T;
-    p.num_heads = c.H;
-    p.num_v_heads = c.HV;
-    p.head_dim_k = c.K;
-    p.head_dim_v = c.V;
+    kla_params p = shaped_params(c.shape(), data);
     p.q = q;
     p.k = k;
     p.v = v;
     p.o = o;
-    for (int i = 0; i < 3; ++i) {
-      p.q_strides[i] = p.k_strides[i] = data.qs[i];
-      p.v_strides[i] = data.vs[i];
-      p.o_strides[i] = data.os[i];
-    }
     p.g = g;
     p.eta = eta;
-    for (int i = 0; i < 2; ++i) p.g_strides[i] = p.eta_strides[i] = data.gs[i];
     p.eps = c.eps;
     p.scale = c.resolved_scale();
     p.coefficient = c.coefficient;
@@ -292,21 +236,7 @@ struct DeviceProblem {
     const std::size_t n = data.o_elems();
     std::vector<unsigned char> bytes(n * dtype_size(dt));
     KLA_CUDA_CHECK(cudaMemcpy(bytes.data(), o, bytes.size(), cudaMemcpyDeviceToHost));
-    std::vector<float> out(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (dt == KLA_DTYPE_FP32) {
-        std::memcpy(&out[i], &bytes[i * 4], 4);
-      } else if (dt == KLA_DTYPE_BF16) {
-        __nv_bfloat16 h;
-        std::memcpy(&h, &bytes[i * 2], 2);
-        out[i] = __bfloat162float(h);
-      } else {
-        __half h;
-        std::memcpy(&h, &bytes[i * 2], 2);
-        out[i] = __half2float(h);
-      }
-    }
-    return out;
+    return decode(dt, bytes.data(), n);
   }
   std::vector<float> download_state() const {
     std::vector<float> out(data.state_elems());
