@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Smoke test of kla_report (ctest `report.smoke`): runs the quick sweep and checks that every
 CSV and every report section is there, that the numbers parse, that the MPFR ground truth agrees
-with the reference library's own Mpfr/Rational runs, and that a bad option exits 2 writing
-nothing. Usage: check_report.py KLA_REPORT_BINARY OUT_DIR"""
+with the reference library's own Mpfr/Rational runs, that a nested report (a folder with its own
+report.md, as docs/report/gpu) survives the replacement and is linked, that the CUDA columns are
+complete where they ran and the provenance says "GPU: none" where they did not, and that a bad
+option exits 2 writing nothing. Usage: check_report.py KLA_REPORT_BINARY OUT_DIR"""
 import csv
 import math
 import os
@@ -28,6 +30,12 @@ def rows(name):
 plots = subprocess.run(["/usr/bin/python3", "-c", "import matplotlib"],
                        capture_output=True).returncode == 0 if os.path.exists("/usr/bin/python3") else False
 shutil.rmtree(out, ignore_errors=True)
+# A previous report with a nested one (the GPU report lives in docs/report/gpu this way).
+os.makedirs(os.path.join(out, "gpu"))
+with open(os.path.join(out, "report.md"), "w") as f:
+    f.write("# previous report\n")
+with open(os.path.join(out, "gpu", "report.md"), "w") as f:
+    f.write("# nested\nGPU report: the cuda-* columns\n")
 args = [binary, "--quick", "--out", out, "--threads", "2"] + ([] if plots else ["--no-plots"])
 r = subprocess.run(args, capture_output=True, text=True)
 sys.stderr.write(r.stderr[-3000:])
@@ -37,6 +45,8 @@ if r.returncode == 0:
     report = open(os.path.join(out, "report.md")).read()
     for n in range(1, 9):
         check(f"\n## {n}. " in report, f"report.md lacks section {n}")
+    check(os.path.exists(os.path.join(out, "gpu", "report.md")), "nested report gpu/ was not kept")
+    check("(gpu/report.md)" in report, "report.md does not link the nested report gpu/")
     check(report.count("**Finding:**") == 8, "each of the 8 sections must open with a Finding")
     expected = {
         "sec2_eps_knorm.csv": ["variant", "algo", "eps", "knorm", "rel_err", "nonfinite"],
@@ -76,6 +86,23 @@ if r.returncode == 0:
         if row["variant"] == "fp32" and float(row["knorm"]) == 1.0:
             e = float(row["rel_err"])
             check(math.isfinite(e) and e < 1e-4, f"fp32 error at |k|=1 too large: {row}")
+    # The CUDA columns: all three in every section where a GPU ran them, otherwise none, and the
+    # provenance says which.
+    cuda = sorted({r["variant"] for r in rows("sec2_eps_knorm.csv") if r["variant"].startswith("cuda-")})
+    if cuda:
+        check(cuda == ["cuda-bf16", "cuda-fp16", "cuda-fp32"], f"CUDA columns {cuda}")
+        check("GPU report:" in report, "a report with CUDA columns must say it is a GPU report")
+        for name in ("sec2_eps_knorm.csv", "sec3_defect.csv", "sec4_length.csv", "sec5_forms.csv",
+                     "sec6_stress.csv", "sec7_contraction.csv"):
+            have = {r["variant"] for r in rows(name)}
+            check(set(cuda) <= have, f"{name} lacks CUDA columns: {set(cuda) - have}")
+        for row in rows("sec2_eps_knorm.csv"):
+            if row["variant"] == "cuda-fp32" and float(row["knorm"]) == 1.0:
+                e = float(row["rel_err"])
+                check(math.isfinite(e) and e < 1e-4, f"cuda-fp32 error at |k|=1 too large: {row}")
+    else:
+        check("| GPU | none (CPU reference columns only)" in report,
+              "without CUDA columns the provenance must say GPU: none (CPU reference columns only)")
     # fp16 stores 1e-9 as 0 and 1e-6 as a subnormal.
     st = {(r["eps"], r["dtype"]): r["class"] for r in rows("eps_storage.csv")}
     check(st.get(("1e-09", "fp16")) == "zero", "fp16 should flush eps=1e-9 to zero")

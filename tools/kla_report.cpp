@@ -119,6 +119,29 @@ Draw around(int T, int dk, int dv, double knorm) {
 // ---- runs -------------------------------------------------------------------------------------
 
 using Backends = std::vector<std::unique_ptr<Backend>>;
+
+/// The columns that expose a per-token trace (the per-token sections 3 and 7 use these).
+std::vector<const Backend*> traced(const Backends& bk) {
+  std::vector<const Backend*> out;
+  for (const auto& b : bk)
+    if (b->has_trace()) out.push_back(b.get());
+  return out;
+}
+
+/// The CPU column that models kernel column `b` (Backend::model_id), or nullptr.
+const Backend* model_of(const Backends& bk, const Backend& b) {
+  if (b.model_id().empty()) return nullptr;
+  for (const auto& c : bk)
+    if (c->id() == b.model_id()) return c.get();
+  return nullptr;
+}
+
+/// Whether any column is a kernel column (one with a CPU model): the CUDA columns.
+bool has_kernels(const Backends& bk) {
+  for (const auto& b : bk)
+    if (!b->model_id().empty()) return true;
+  return false;
+}
 const std::vector<Storage> kStorages = {Storage::fp32, Storage::bf16, Storage::fp16};
 
 /// One problem in every storage dtype, with its ground truths: truth[s] on the inputs rounded
@@ -235,6 +258,7 @@ std::string image(const std::string& png, const std::string& alt) {
 struct Cell {
   ErrorStat err;
   double incl = 0, state = 0;
+  double floor = 0;  ///< error of the exact output rounded to the column's storage dtype
 };
 using SweepKey = std::tuple<std::string, std::string, double, double>;  // variant, algo, eps, |k|
 
@@ -289,6 +313,7 @@ Section section2(const Config& cfg, const Backends& bk, const std::string& dir, 
       add_case(*c, jobs);
       for (const auto& b : bk)
         for (const Algo& a : sw.algos) {
+          if (!b->supports(a)) continue;
           slots.push_back(std::make_unique<Slot>(Slot{c.get(), b.get(), a, eps, kn, {}}));
           jobs.push_back(
               {c.get(), b->storage(), b.get(), a, &slots.back()->r, job_cost(c->raw, b.get(), a)});
@@ -306,6 +331,11 @@ Section section2(const Config& cfg, const Backends& bk, const std::string& dir, 
     cell.err = rel_rms(s.r.o, s.c->truth.at(s.b->storage()).o);
     cell.incl = rel_rms(s.r.o, s.c->truth_unrounded.o).rel;
     cell.state = rel_rms(s.r.state, s.c->truth.at(s.b->storage()).state).rel;
+    {
+      std::vector<double> rounded = s.c->truth.at(s.b->storage()).o;
+      for (double& x : rounded) x = round_to(s.b->storage(), x);
+      cell.floor = rel_rms(rounded, s.c->truth.at(s.b->storage()).o).rel;
+    }
     sw.cells[{s.b->id(), s.a.label(), s.eps, s.kn}] = cell;
     csv.row({s.b->id(), s.a.label(), num(s.eps), num(s.kn), num(cell.err.rel), num(cell.incl),
              num(cell.state), std::to_string(cell.err.nonfinite), std::to_string(s.r.o.size())});
@@ -354,6 +384,33 @@ Section section2(const Config& cfg, const Backends& bk, const std::string& dir, 
     auto it = sw.cells.find({b->id(), sw.algos[0].label(), eps_typ, 1.0});
     if (it != sw.cells.end()) typical.push_back(b->id() + " " + fmt(it->second.err.rel));
   }
+  // The kernel columns against the CPU columns that model them (same storage, fp32 arithmetic):
+  // the final state, which the kernels keep in fp32, isolates the arithmetic; their output is
+  // written in the storage dtype, so it is set against the error of rounding the exact output.
+  std::vector<std::string> kern, kern_out;
+  for (const auto& b : bk) {
+    const Backend* m = model_of(bk, *b);
+    if (!m) continue;
+    std::vector<std::string> per_algo;
+    for (const Algo& a : sw.algos) {
+      if (!b->supports(a) || !m->supports(a)) continue;
+      std::vector<double> ratios;
+      for (double eps : cfg.eps_list)
+        for (double kn : cfg.knorms) {
+          const auto x = sw.cells.find({b->id(), a.label(), eps, kn});
+          const auto y = sw.cells.find({m->id(), a.label(), eps, kn});
+          if (x == sw.cells.end() || y == sw.cells.end()) continue;
+          const double rx = x->second.state, ry = y->second.state;
+          if (rx > 0 && ry > 0 && std::isfinite(rx) && std::isfinite(ry)) ratios.push_back(rx / ry);
+        }
+      per_algo.push_back(b->algo_name(a) + " " + fmt(geomean(ratios)) + "x");
+    }
+    kern.push_back(b->id() + " vs " + m->id() + ": " + join(per_algo, ", "));
+    auto it = sw.cells.find({b->id(), sw.algos[0].label(), eps_typ, 1.0});
+    if (it != sw.cells.end())
+      kern_out.push_back(b->id() + " " + fmt(it->second.err.rel) + " (rounding alone " +
+                         fmt(it->second.floor) + ")");
+  }
   Section sec;
   sec.title = "2. eps x key norm x dtype";
   sec.finding =
@@ -362,7 +419,15 @@ Section section2(const Config& cfg, const Backends& bk, const std::string& dir, 
       (big.empty() ? std::string("; no finite result is off by more than 10%")
                    : "; finite results off by more than 10% occur in " + join(big, "; ")) +
       "; at |k| = 1 and eps = 1e-6 the tokenwise relative RMS output error is " +
-      join(typical, ", ") + ".";
+      join(typical, ", ") + "." +
+      (kern.empty()
+           ? std::string()
+           : " The CUDA kernels' final-state error, divided by that of the CPU column with the "
+             "same inputs and fp32 arithmetic (geometric mean over the sweep's cells), is " +
+                 join(kern, "; ") +
+                 "; their outputs are written in the storage dtype, so their output error at "
+                 "|k| = 1, eps = 1e-6 compares with that of rounding the exact output to it: " +
+                 join(kern_out, ", ") + ".");
   std::ostringstream os;
   os << "Each cell runs " << cfg.t_sweep << " tokens, dk = " << cfg.dk << ", dv = " << cfg.dv
      << ", key norms log-uniform within a factor sqrt(2) of the nominal |k|, eta uniform in [0.1, "
@@ -377,21 +442,27 @@ Section section2(const Config& cfg, const Backends& bk, const std::string& dir, 
      << eps_storage_table(cfg, dir) << "\n";
   {
     // The two errors side by side at the typical point: the second one adds the input rounding.
+    // With kernel columns, a last column: the exact output rounded to the storage dtype, the
+    // floor of any column that writes o in that dtype (the CUDA columns do).
+    const bool floor_col = has_kernels(bk);
     std::vector<std::vector<std::string>> rows;
     for (const auto& b : bk) {
       const Cell& c = sw.cells.at({b->id(), sw.algos[0].label(), eps_typ, 1.0});
       rows.push_back({b->id(), fmt(c.err.rel), fmt(c.incl), fmt(c.state)});
+      if (floor_col) rows.back().push_back(fmt(c.floor));
     }
+    std::vector<std::string> head{"column", "arithmetic only (vs truth on rounded inputs)",
+                                  "including input rounding (vs truth on fp64 inputs)",
+                                  "final state"};
+    if (floor_col) head.push_back("exact output rounded to the storage dtype");
     os << "Error with and without input rounding (tokenwise/raw, |k| = 1, eps = 1e-6):\n\n"
-       << md_table({"column", "arithmetic only (vs truth on rounded inputs)",
-                    "including input rounding (vs truth on fp64 inputs)", "final state"},
-                   rows)
-       << "\n";
+       << md_table(head, rows) << "\n";
   }
   os << image("sec2_heatmap.png",
               "relative error heat maps, eps x key norm, per column and algorithm");
   for (const auto& b : bk) {
-    os << "**" << b->id() << "**, tokenwise/raw, relative RMS error (rows eps, columns |k|):\n\n";
+    os << "**" << b->id() << "**, " << b->algo_name(sw.algos[0])
+       << ", relative RMS error (rows eps, columns |k|):\n\n";
     std::vector<std::string> head{"eps \\ |k|"};
     for (double kn : cfg.knorms) head.push_back(eps_str(kn));
     std::vector<std::vector<std::string>> rows;
@@ -410,6 +481,21 @@ Section section2(const Config& cfg, const Backends& bk, const std::string& dir, 
   return sec;
 }
 
+/// The columns' notes on how their per-token traces are obtained (once each), and which columns
+/// the per-token sections leave out for want of one.
+std::string trace_notes(const Backends& bk) {
+  std::string out;
+  std::set<std::string> seen;
+  std::vector<std::string> none;
+  for (const auto& b : bk) {
+    if (!b->has_trace()) none.push_back(b->id());
+    const std::string n = b->has_trace() ? b->trace_note() : "";
+    if (!n.empty() && seen.insert(n).second) out += n + "\n\n";
+  }
+  if (!none.empty()) out += "Left out (no per-token state exposed): " + join(none, ", ") + ".\n\n";
+  return out;
+}
+
 // ---- §3 exact interpolation defect ------------------------------------------------------------
 
 Section section3(const Config& cfg, const Backends& bk, const std::string& dir) {
@@ -419,11 +505,12 @@ Section section3(const Config& cfg, const Backends& bk, const std::string& dir) 
     double med = 0, max = 0, weight = 0;
     long tokens = 0, nonfinite = 0;
   };
+  const std::vector<const Backend*> cols = traced(bk);
   std::vector<Item> items;
   for (double eps : cfg.eps_list)
     for (double kn : cfg.knorms) {
       items.push_back({nullptr, eps, kn});
-      for (const auto& b : bk) items.push_back({b.get(), eps, kn});
+      for (const Backend* b : cols) items.push_back({b, eps, kn});
     }
   Progress prog("§3 interpolation defect (exact)", double(items.size()));
   parallel_for(items.size(), cfg.threads, [&](size_t i) {
@@ -434,7 +521,7 @@ Section section3(const Config& cfg, const Backends& bk, const std::string& dir) 
     const Backend* tb = it.b ? it.b : bk.front().get();  // exact check starts from fp32 states
     const Problem p = raw.rounded(tb->storage());
     const auto tr = tb->trace(p, it.eps);
-    if (!tr) return;  // backend without a per-token trace
+    if (!tr) throw std::logic_error(tb->id() + " declined the trace it offers");
     std::vector<double> defects, weights;
     for (int t = 0; t < p.T; ++t) {
       const auto& rec = (*tr)[size_t(t)];
@@ -478,12 +565,12 @@ Section section3(const Config& cfg, const Backends& bk, const std::string& dir) 
     if (!w || !(it.max <= w->max)) w = &it;
   }
   std::vector<std::string> parts;
-  for (const auto& b : bk) {
+  for (const Backend* b : cols) {
     const Item* w = worst[b->id()];
     // Median over the sweep of the per-cell maxima: the typical strays, not just the worst cell.
     std::vector<double> maxima;
     for (const Item& it : items)
-      if (it.b == b.get()) maxima.push_back(it.max);
+      if (it.b == b) maxima.push_back(it.max);
     parts.push_back(b->id() + " typically " + fmt(median(maxima)) + ", at worst " +
                     (std::isfinite(w->max) ? fmt(w->max) : std::string("NaN/Inf")) +
                     " (eps = " + eps_str(w->eps) + ", |k| = " + eps_str(w->kn) + ")");
@@ -515,8 +602,9 @@ Section section3(const Config& cfg, const Backends& bk, const std::string& dir) 
         "subnormal is charged for it). The `exact` row runs the step itself in rationals from the "
         "same "
         "S~ and must give 0.\n\n";
+  os << trace_notes(bk);
   os << image("sec3_defect.png", "interpolation defect per column against key norm");
-  for (const auto& b : bk) {
+  for (const Backend* b : cols) {
     std::vector<std::string> head{"eps \\ |k|"};
     for (double kn : cfg.knorms) head.push_back(eps_str(kn));
     std::vector<std::vector<std::string>> rows;
@@ -524,7 +612,7 @@ Section section3(const Config& cfg, const Backends& bk, const std::string& dir) 
       std::vector<std::string> r{eps_str(eps)};
       for (double kn : cfg.knorms)
         for (const Item& it : items)
-          if (it.b == b.get() && it.eps == eps && it.kn == kn) r.push_back(fmt(it.max));
+          if (it.b == b && it.eps == eps && it.kn == kn) r.push_back(fmt(it.max));
       rows.push_back(r);
     }
     os << "**" << b->id() << "**, largest per-token defect:\n\n" << md_table(head, rows) << "\n";
@@ -567,6 +655,7 @@ Section section4(const Config& cfg, const Backends& bk, const std::string& dir) 
     add_case(*c, jobs);
     for (const auto& b : bk)
       for (const Algo& a : algos) {
+        if (!b->supports(a)) continue;
         slots.push_back(std::make_unique<Slot>(Slot{c.get(), b.get(), a, kDecays[di].name, {}}));
         jobs.push_back(
             {c.get(), b->storage(), b.get(), a, &slots.back()->r, job_cost(c->raw, b.get(), a)});
@@ -605,7 +694,8 @@ Section section4(const Config& cfg, const Backends& bk, const std::string& dir) 
   std::map<std::string, std::vector<double>> slopes_by_decay;
   for (const auto& b : bk)
     for (const Algo& a : algos) {
-      std::vector<std::string> r{b->id(), a.label()};
+      if (!b->supports(a)) continue;
+      std::vector<std::string> r{b->id(), b->algo_name(a)};
       for (const auto& dec : kDecays) {
         const auto& e = curves.at({b->id(), a.label(), dec.name});
         const double s = slope(e);
@@ -704,6 +794,7 @@ Section section5(const Config& cfg, const Backends& bk, const std::string& dir, 
     add_case(*c, jobs);
     for (const auto& b : bk)
       for (const Algo& a : algos) {
+        if (!b->supports(a)) continue;
         slots.push_back(std::make_unique<Slot>(Slot{c.get(), b.get(), a, fams[fi].name, {}}));
         jobs.push_back(
             {c.get(), b->storage(), b.get(), a, &slots.back()->r, job_cost(c->raw, b.get(), a)});
@@ -734,27 +825,41 @@ Section section5(const Config& cfg, const Backends& bk, const std::string& dir, 
   std::vector<std::vector<std::string>> rows;
   std::vector<double> kernel_ratios;  // the columns that model a kernel (fp32 state)
   const int mid_chunk = cfg.chunks[cfg.chunks.size() / 2];
+  // A kernel column runs only its own form and chunk size: its ratios use the pairs it ran.
+  std::set<std::string> kernel_ids;
   for (const auto& b : bk) {
+    if (!b->model_id().empty()) kernel_ids.insert(b->id());
     std::vector<double> rf, ro;
     for (const auto& f : fams) {
       for (const Algo& a : algos) {
         if (a.normalized) continue;
         Algo n = a;
         n.normalized = true;
-        rf.push_back(
-            ratio(err.at({b->id(), f.name, a.label()}), err.at({b->id(), f.name, n.label()})));
+        if (b->supports(a) && b->supports(n))
+          rf.push_back(
+              ratio(err.at({b->id(), f.name, a.label()}), err.at({b->id(), f.name, n.label()})));
       }
-      for (bool norm : {false, true})
-        ro.push_back(ratio(err.at({b->id(), f.name, Algo{true, mid_chunk, norm}.label()}),
-                           err.at({b->id(), f.name, Algo{false, 64, norm}.label()})));
+      for (bool norm : {false, true}) {
+        const Algo ch{true, mid_chunk, norm}, tw{false, 64, norm};
+        if (b->supports(ch) && b->supports(tw))
+          ro.push_back(
+              ratio(err.at({b->id(), f.name, ch.label()}), err.at({b->id(), f.name, tw.label()})));
+      }
     }
     const double gf = geomean(rf), go = geomean(ro);
-    form_parts.push_back(b->id() + " " + fmt(gf) + "x");
-    order_parts.push_back(b->id() + " " + fmt(go) + "x");
-    if (b->dtypes().state == "fp32") kernel_ratios.push_back(gf);
+    if (!rf.empty()) form_parts.push_back(b->id() + " " + fmt(gf) + "x");
+    if (!ro.empty()) order_parts.push_back(b->id() + " " + fmt(go) + "x");
+    // The CPU columns with fp32 state model the kernels' arithmetic; the kernel columns have a
+    // fixed form and take no part in the choice.
+    if (b->dtypes().state == "fp32" && b->model_id().empty() && !rf.empty())
+      kernel_ratios.push_back(gf);
     for (const auto& f : fams) {
       std::vector<std::string> r{b->id(), f.name};
       for (const Algo& a : algos) {
+        if (!b->supports(a)) {
+          r.push_back("n/a");
+          continue;
+        }
         const ErrorStat& e = err.at({b->id(), f.name, a.label()});
         r.push_back(e.nonfinite ? "NaN/Inf" : fmt(e.rel));
       }
@@ -767,7 +872,7 @@ Section section5(const Config& cfg, const Backends& bk, const std::string& dir, 
   const double kr = geomean(kernel_ratios);
   int nan_raw = 0, nan_norm = 0;
   for (const auto& [key, c] : sw.cells) {
-    if (!c.err.nonfinite) continue;
+    if (!c.err.nonfinite || kernel_ids.count(std::get<0>(key))) continue;
     if (std::get<1>(key) == Algo{true, 64, false}.label()) ++nan_raw;
     if (std::get<1>(key) == Algo{true, 64, true}.label()) ++nan_norm;
   }
@@ -810,6 +915,12 @@ Section section5(const Config& cfg, const Backends& bk, const std::string& dir, 
         "bounded by "
         "eta, at the price of one square root and two divisions per token. Relative RMS output "
         "error:\n\n";
+  if (has_kernels(bk))
+    os << "The CUDA columns run the kernels as they are: tokenwise/raw is kla_tokenwise_forward "
+          "and chunk64/raw is kla_chunk_forward (chunks of 64, fixed), both given the raw keys "
+          "with the Kaczmarz coefficient, so the form they compute in is the kernels' own "
+          "(docs/api.md). Their other cells are n/a, and they take no part in the choice of form "
+          "above.\n\n";
   os << image("sec5_forms.png", "raw vs normalised, tokenwise vs chunkwise, per chunk size");
   std::vector<std::string> head{"column", "keys"};
   for (const Algo& a : algos) head.push_back(a.label());
@@ -911,6 +1022,7 @@ Section section6(const Config& cfg, const Backends& bk, const std::string& dir) 
     add_case(*c, jobs);
     for (const auto& b : bk)
       for (const Algo& a : algos) {
+        if (!b->supports(a)) continue;
         slots.push_back(std::make_unique<Slot>(Slot{c.get(), b.get(), a, si, {}}));
         jobs.push_back(
             {c.get(), b->storage(), b.get(), a, &slots.back()->r, job_cost(c->raw, b.get(), a)});
@@ -920,8 +1032,8 @@ Section section6(const Config& cfg, const Backends& bk, const std::string& dir) 
   run_jobs(jobs, "§6 stress inputs", cfg.threads);
 
   Csv csv(dir + "/sec6_stress.csv", {"case", "eps", "variant", "algo", "rel_err", "nonfinite"});
-  std::map<std::pair<size_t, std::string>, std::vector<std::string>>
-      cells;                                               // (stress, variant) -> per algo
+  std::map<std::tuple<size_t, std::string, std::string>, std::string>
+      cells;                                               // (stress, variant, algo) -> error
   std::map<std::string, std::pair<double, size_t>> worst;  // variant -> (err, stress)
   std::map<std::string, std::set<size_t>> nan_cases;
   for (const auto& sp : slots) {
@@ -929,7 +1041,7 @@ Section section6(const Config& cfg, const Backends& bk, const std::string& dir) 
     const ErrorStat e = rel_rms(s.r.o, s.c->truth.at(s.b->storage()).o);
     csv.row({stresses[s.stress].name, num(s.c->eps), s.b->id(), s.a.label(), num(e.rel),
              std::to_string(e.nonfinite)});
-    cells[{s.stress, s.b->id()}].push_back(e.nonfinite ? "NaN/Inf" : fmt(e.rel));
+    cells[{s.stress, s.b->id(), s.a.label()}] = e.nonfinite ? "NaN/Inf" : fmt(e.rel);
     if (e.nonfinite) nan_cases[s.b->id()].insert(s.stress);
     auto& w = worst[s.b->id()];
     if (s.stress > 0 && (w.second == 0 || !(e.rel <= w.first))) w = {e.rel, s.stress};
@@ -949,8 +1061,9 @@ Section section6(const Config& cfg, const Backends& bk, const std::string& dir) 
   }
   Section sec;
   sec.title = "6. Stress inputs";
-  sec.finding = "Worst stress case per column (largest error over the three algorithms): " +
-                join(parts, "; ") +
+  sec.finding = std::string("Worst stress case per column (largest error over the ") +
+                (has_kernels(bk) ? "algorithms it runs" : "three algorithms") +
+                "): " + join(parts, "; ") +
                 (nan_parts.empty() ? std::string("; no stress input produced NaN/Inf.")
                                    : "; NaN/Inf appear in " + join(nan_parts, "; ") + ".");
   std::ostringstream os;
@@ -959,13 +1072,21 @@ Section section6(const Config& cfg, const Backends& bk, const std::string& dir) 
         "= 1e-6 "
         "unless the row says otherwise. Cells: relative RMS output error for tokenwise/raw | "
         "chunk64/raw | chunk64/normalized.\n\n";
+  if (has_kernels(bk))
+    os << "CUDA columns: token kernel | chunk kernel | n/a (the kernels run raw keys with the "
+          "Kaczmarz coefficient only).\n\n";
   os << image("sec6_stress.png", "stress inputs, error per column");
   std::vector<std::string> head{"input"};
   for (const auto& b : bk) head.push_back(b->id());
   std::vector<std::vector<std::string>> rows;
   for (size_t si = 0; si < stresses.size(); ++si) {
     std::vector<std::string> r{stresses[si].name};
-    for (const auto& b : bk) r.push_back(join(cells[{si, b->id()}], " \\| "));
+    for (const auto& b : bk) {
+      std::vector<std::string> per_algo;
+      for (const Algo& a : algos)
+        per_algo.push_back(b->supports(a) ? cells[{si, b->id(), a.label()}] : "n/a");
+      r.push_back(join(per_algo, " \\| "));
+    }
     rows.push_back(r);
   }
   os << md_table(head, rows) << "\n";
@@ -986,11 +1107,12 @@ Section section7(const Config& cfg, const Backends& bk, const std::string& dir) 
     long tokens = 0, increased = 0, not_decreased = 0, nonfinite = 0, fitted = 0;
     double max_ratio = 0;
   };
+  const std::vector<const Backend*> cols = traced(bk);
   std::vector<Item> items;
-  for (const auto& b : bk)
+  for (const Backend* b : cols)
     for (double eta : etas)
       for (double eps : epss)
-        for (double kn : kns) items.push_back({b.get(), eta, eps, kn});
+        for (double kn : kns) items.push_back({b, eta, eps, kn});
   Progress prog("§7 contraction (per-token loss)", double(items.size()));
   parallel_for(items.size(), cfg.threads, [&](size_t i) {
     Item& it = items[i];
@@ -1007,7 +1129,7 @@ Section section7(const Config& cfg, const Backends& bk, const std::string& dir) 
     }
     const Problem p = raw.rounded(it.b->storage());
     const auto tr = it.b->trace(p, it.eps);
-    if (!tr) return;
+    if (!tr) throw std::logic_error(it.b->id() + " declined the trace it offers");
     for (int t = 1; t < p.T; t += 2) {
       const auto& rec = (*tr)[size_t(t)];
       ++it.tokens;
@@ -1050,7 +1172,7 @@ Section section7(const Config& cfg, const Backends& bk, const std::string& dir) 
   }
   std::vector<std::string> parts;
   std::vector<std::vector<std::string>> rows;
-  for (const auto& b : bk) {
+  for (const Backend* b : cols) {
     const auto& v = per_variant[b->id()];
     parts.push_back(b->id() + " " + fmt(100.0 * v[3] / std::max(1L, v[0])) +
                     "% (increased: " + fmt(100.0 * v[1] / std::max(1L, v[0])) + "%)");
@@ -1067,7 +1189,7 @@ Section section7(const Config& cfg, const Backends& bk, const std::string& dir) 
   double worst_eta = etas[0], worst_rate = -1;
   for (double eta : etas) {
     long n = 0, f = 0;
-    for (const auto& b : bk) n += by_eta[{b->id(), eta}][0], f += by_eta[{b->id(), eta}][2];
+    for (const Backend* b : cols) n += by_eta[{b->id(), eta}][0], f += by_eta[{b->id(), eta}][2];
     if (double(f) / std::max(1L, n) > worst_rate)
       worst_rate = double(f) / std::max(1L, n), worst_eta = eta;
   }
@@ -1107,6 +1229,7 @@ Section section7(const Config& cfg, const Backends& bk, const std::string& dir) 
         "decrease / that increased, per eta "
         "(last column: tokens with a non-finite state, excluded; `sec7_contraction.csv` splits by "
         "eps and |k|):\n\n";
+  os << trace_notes(bk);
   os << image("sec7_contraction.png", "share of tokens whose loss failed to decrease");
   std::vector<std::string> head{"column"};
   for (double eta : etas) head.push_back("eta=" + eps_str(eta));
@@ -1202,6 +1325,10 @@ Section section8(const Config& cfg, const Backends& bk, const Sweep& sw, const F
         "- Emulated columns round every operation and are pessimistic; the *-store columns (inputs "
         "in "
         "bf16/fp16, fp32 arithmetic) are the model of the kernels' behaviour.\n";
+  if (has_kernels(bk))
+    os << "- The cuda-* columns are the kernels themselves (section 2's two kernel runs per cell, "
+          "token and chunk kernel); their tolerance is 10x their own typical error, which for "
+          "bf16/fp16 is set by writing o in that dtype (section 2).\n";
   sec.body = os.str();
   return sec;
 }
@@ -1263,18 +1390,37 @@ std::vector<CrossCheck> cross_check(const Config& cfg, const std::string& dir) {
   return cc;
 }
 
-Section provenance(const Config& cfg, const Backends& bk, const std::vector<CrossCheck>& cc,
-                   double seconds) {
-  std::string commit = run_cmd("git -C '" KLA_SOURCE_DIR "' rev-parse HEAD");
-  if (commit.empty())
-    commit = "unknown (not a git checkout)";
-  else if (!run_cmd("git -C '" KLA_SOURCE_DIR
-                    "' status --porcelain --untracked-files=no -- . ':(exclude)docs/report'")
-                .empty())
-    commit += " + uncommitted changes";
+Section provenance(const Config& cfg, const Backends& bk, const CudaStatus& cuda,
+                   const std::vector<CrossCheck>& cc, double seconds) {
+  // KLA_REPORT_COMMIT: the commit recorded where the binary was built (tools/report_gpu.sh
+  // stage), for machines that run a carried binary without the git checkout.
+  const char* env_commit = std::getenv("KLA_REPORT_COMMIT");
+  std::string commit;
+  if (env_commit && *env_commit) {
+    commit = env_commit;
+  } else {
+    commit = run_cmd("git -C '" KLA_SOURCE_DIR "' rev-parse HEAD");
+    if (commit.empty())
+      commit = "unknown (not a git checkout)";
+    else if (!run_cmd("git -C '" KLA_SOURCE_DIR
+                      "' status --porcelain --untracked-files=no -- . ':(exclude)docs/report'")
+                  .empty())
+      commit += " + uncommitted changes";
+  }
   std::string nvcc = run_cmd("nvcc --version | tail -n 2 | head -n 1");
   if (nvcc.empty()) nvcc = run_cmd("/usr/local/cuda/bin/nvcc --version | tail -n 2 | head -n 1");
-  std::string gpu = run_cmd("nvidia-smi -L");
+  const std::string smi = run_cmd("nvidia-smi -L");
+  std::string toolkit, gpu;
+  if (cuda.available) {
+    toolkit = (nvcc.empty() ? std::string() : nvcc + "; ") + cuda.versions;
+    gpu = cuda.device + " (the cuda-* columns)";
+  } else {
+    toolkit = nvcc.empty() ? "none found (CPU-only report)"
+                           : nvcc + " (not used: " +
+                                 (cuda.compiled ? cuda.why : "no CUDA backend in this build") + ")";
+    gpu = "none (CPU reference columns only)";
+    if (!smi.empty()) gpu += "; nvidia-smi lists " + smi + ", not used: " + cuda.why;
+  }
   const std::string via = std::getenv("KLA_REPORT_VIA") ? std::getenv("KLA_REPORT_VIA") : "";
   std::ostringstream os;
   os << md_table(
@@ -1282,9 +1428,8 @@ Section provenance(const Config& cfg, const Backends& bk, const std::vector<Cros
       {{"kla version", KLA_VERSION_STRING},
        {"commit", "`" + commit + "`"},
        {"compiler", std::string(KLA_CXX_COMPILER) + " (" + __VERSION__ + "), " + KLA_BUILD_TYPE},
-       {"CUDA toolkit", nvcc.empty() ? "none found (CPU-only report)"
-                                     : nvcc + " (not used: no CUDA backend in this build)"},
-       {"GPU", gpu.empty() ? "none (CPU run)" : gpu + " (not used by this report)"},
+       {"CUDA toolkit", toolkit},
+       {"GPU", gpu},
        {"CPU", cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) +
                    " hardware threads, " + std::to_string(cfg.threads) + " used"},
        {"MPFR / Eigen", std::string("MPFR ") + mpfr_get_version() + ", Eigen " +
@@ -1330,6 +1475,13 @@ Section provenance(const Config& cfg, const Backends& bk, const std::vector<Cros
         "against the truth on the same rounded inputs; \"including input rounding\" compares with "
         "the "
         "truth on the unrounded fp64 inputs instead.\n\n";
+  if (cuda.available)
+    os << "The cuda-* columns are the kla::cuda kernels themselves, run on " << cuda.device
+       << " through the C ABI on the very inputs of the other columns of their storage dtype "
+          "(tools/report/cuda_backend.cpp). Head dimensions are zero-padded to a multiple of 16, "
+          "the kernels' granularity: zero components add exact zeros, so the padded run computes "
+          "the same values. In the tables, token kernel = tokenwise/raw and chunk kernel = "
+          "chunk64/raw.\n\n";
   os << "Ground-truth cross-check: the direct MPFR loop used as truth against the reference "
         "library "
         "itself, on bf16-rounded inputs with key norms from 1e-2 to 1e2 (relative difference of "
@@ -1343,8 +1495,9 @@ Section provenance(const Config& cfg, const Backends& bk, const std::vector<Cros
   sec.title = "1. Provenance";
   double worst = 0;
   for (const auto& c : cc) worst = std::max(worst, c.diff);
-  sec.finding = std::string("This report was computed on the CPU (") + cpu_model() +
-                ") from commit " + commit + " with seed " + std::to_string(cfg.seed) +
+  sec.finding = std::string("This report was computed on the CPU (") + cpu_model() + ")" +
+                (cuda.available ? " and the GPU (" + cuda.device + ")" : std::string()) +
+                " from commit " + commit + " with seed " + std::to_string(cfg.seed) +
                 "; its MPFR ground truth agrees with the reference library's Mpfr and "
                 "exact rational instantiations to " +
                 (worst == 0 ? std::string("the last bit of fp64") : fmt(worst)) + ".";
@@ -1353,6 +1506,30 @@ Section provenance(const Config& cfg, const Backends& bk, const std::vector<Cros
 }
 
 // ---- output directory --------------------------------------------------------------------------
+
+/// tools/plot_report.py of the source tree, else plot_report.py beside the executable (a binary
+/// carried to another machine, tools/report_gpu.sh), else the source tree's path for the message.
+std::string default_plot_script() {
+  const std::string src = KLA_SOURCE_DIR "/tools/plot_report.py";
+  std::error_code ec;
+  if (fs::exists(src, ec)) return src;
+  const fs::path beside = fs::read_symlink("/proc/self/exe", ec).parent_path() / "plot_report.py";
+  if (!ec && fs::exists(beside, ec)) return beside.string();
+  return src;
+}
+
+/// Folders of `out` holding a report of their own (report.md): kept when `out` is replaced.
+std::vector<std::string> nested_reports(const fs::path& out) {
+  std::vector<std::string> n;
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return n;
+  for (const auto& e : fs::directory_iterator(out, ec))
+    if (e.is_directory(ec) && fs::exists(e.path() / "report.md", ec) &&
+        e.path().filename().string().find(".tmp-") == std::string::npos)
+      n.push_back(e.path().filename().string());
+  std::sort(n.begin(), n.end());
+  return n;
+}
 
 /// Refuses to replace a directory that is not a previous report (guards against --out ~).
 void check_out(const fs::path& out) {
@@ -1372,7 +1549,7 @@ int main(int argc, char** argv) {
   fs::path out;
   try {
     cfg = parse(argc, argv);
-    if (cfg.plot_script.empty()) cfg.plot_script = KLA_SOURCE_DIR "/tools/plot_report.py";
+    if (cfg.plot_script.empty()) cfg.plot_script = default_plot_script();
     if (cfg.help) {
       usage(std::cout);
       return 0;
@@ -1390,7 +1567,12 @@ int main(int argc, char** argv) {
   try {
     fs::create_directories(tmp);
     const std::string dir = tmp.string();
-    const Backends bk = make_cpu_backends();
+    CudaStatus cuda;
+    const Backends bk = make_backends(cuda);
+    if (cuda.available)
+      std::cerr << "[kla_report] CUDA columns on " << cuda.device << "\n";
+    else
+      std::cerr << "[kla_report] no CUDA columns: " << cuda.why << "\n";
     std::cerr << "[kla_report] writing " << out.string() << " ("
               << (cfg.quick  ? "quick"
                   : cfg.full ? "full"
@@ -1440,15 +1622,28 @@ int main(int argc, char** argv) {
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    secs.insert(secs.begin(), provenance(cfg, bk, cc, seconds));
+    secs.insert(secs.begin(), provenance(cfg, bk, cuda, cc, seconds));
+    const std::vector<std::string> nested = nested_reports(out);
 
     std::ofstream md(tmp / "report.md");
     md << "# KLA precision and eps sensitivity report\n\n"
           "Generated by `kla_report` (tools/kla_report.cpp); every sentence marked **Finding** is "
           "computed from "
-          "the data in this directory. CPU report: the CUDA kernels' columns appear when a CUDA "
-          "backend is "
-          "available.\n\n";
+          "the data in this directory. "
+       << (cuda.available
+               ? "GPU report: the cuda-* columns are the CUDA kernels on " + cuda.device + ".\n\n"
+               : std::string("CPU report: the CUDA kernels' columns appear when a CUDA "
+                             "backend is "
+                             "available.\n\n"));
+    for (const auto& n : nested) {
+      std::ifstream nf(out / n / "report.md");
+      const std::string text((std::istreambuf_iterator<char>(nf)),
+                             std::istreambuf_iterator<char>());
+      md << (text.find("GPU report:") != std::string::npos
+                 ? "The same report with the CUDA kernels' columns, from a GPU run: "
+                 : "Another run of this report kept in this directory: ")
+         << "[" << n << "/report.md](" << n << "/report.md).\n\n";
+    }
     if (!plot_note.empty()) md << "> " << plot_note << "\n\n";
     md << "## Findings\n\n";
     for (const auto& s : secs) md << "- **" << s.title << "**: " << s.finding << "\n";
@@ -1457,6 +1652,8 @@ int main(int argc, char** argv) {
       md << "## " << s.title << "\n\n**Finding:** " << s.finding << "\n\n" << s.body << "\n";
     md.close();
     if (!md) throw std::runtime_error("cannot write report.md");
+    // Nested reports (a folder of `out` with its own report.md, e.g. docs/report/gpu) are kept.
+    for (const auto& n : nested) fs::rename(out / n, tmp / n);
     if (fs::exists(out)) fs::remove_all(out);
     fs::rename(tmp, out);
     std::cerr << "[kla_report] wrote " << (out / "report.md").string() << " in " << fmt(seconds, 3)

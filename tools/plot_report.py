@@ -15,7 +15,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 d = sys.argv[1]
 VARIANT_COLORS = {"fp32": "tab:blue", "bf16-emul": "tab:red", "bf16-store": "tab:orange",
-                  "fp16-emul": "tab:purple", "fp16-store": "tab:green"}
+                  "fp16-emul": "tab:purple", "fp16-store": "tab:green",
+                  # the CUDA kernels' columns (GPU report)
+                  "cuda-fp32": "tab:cyan", "cuda-bf16": "tab:brown", "cuda-fp16": "tab:olive"}
+
+
+def marker(v):
+    """Squares for the CUDA kernels' columns, dots for the CPU reference columns."""
+    return "s" if v.startswith("cuda-") else "o"
 
 
 def rows(name):
@@ -58,6 +65,11 @@ cmap = plt.get_cmap("viridis").copy()
 for ai, a in enumerate(algos):
     for vi, v in enumerate(variants):
         ax = axes[ai][vi]
+        if (v, a, epss[0], kns[0]) not in cell:  # a column that does not run this algorithm
+            ax.axis("off")
+            ax.text(0.5, 0.5, f"{v}\n{a}\nn/a", ha="center", va="center", fontsize=8.5,
+                    color="0.5", transform=ax.transAxes)
+            continue
         grid = []
         for e in epss:
             line = []
@@ -104,7 +116,7 @@ for i, e in enumerate(epss3):
         xs = [p[0] for p in pts]
         ys = [p[1] if math.isfinite(p[1]) else float("nan") for p in pts]
         ys = [max(y, floor) if not math.isnan(y) else y for y in ys]
-        ax.plot(xs, ys, "o-", color=VARIANT_COLORS.get(v), label=v, ms=3, lw=1.2)
+        ax.plot(xs, ys, marker(v) + "-", color=VARIANT_COLORS.get(v), label=v, ms=3, lw=1.2)
         bad = [p[0] for p in pts if not math.isfinite(p[1])]
         if bad:
             ax.plot(bad, [1e2] * len(bad), "x", color=VARIANT_COLORS.get(v), ms=7, mew=2)
@@ -139,7 +151,7 @@ for di, dec in enumerate(decays):
             if not pts:
                 continue
             ax.plot([p[0] for p in pts], [p[1] if math.isfinite(p[1]) else float("nan") for p in pts],
-                    style, marker="o", ms=3, color=VARIANT_COLORS.get(v),
+                    style, marker=marker(v), ms=3, color=VARIANT_COLORS.get(v),
                     label=f"{v} {a.split('/')[0]}")
     for u, c in zip(us, ("0.55", "0.75")):
         ax.plot(Ts_all, [math.sqrt(T) * u for T in Ts_all], ":", color="black", lw=1)

@@ -53,11 +53,6 @@ Problem Problem::rounded(Storage s) const {
   return r;
 }
 
-std::string Algo::label() const {
-  return (chunked ? "chunk" + std::to_string(chunk) : std::string("tokenwise")) +
-         (normalized ? "/normalized" : "/raw");
-}
-
 namespace {
 
 template <class T>
@@ -165,6 +160,12 @@ std::vector<std::unique_ptr<Backend>> make_cpu_backends() {
   b.push_back(std::make_unique<RefBackend<float>>(
       "fp16-store", Storage::fp16,
       DtypeSpec{"fp16", "fp32", "fp32", "fp32", "fp32", ref_note + "; fp16 inputs, fp32 compute"}));
+  return b;
+}
+
+std::vector<std::unique_ptr<Backend>> make_backends(CudaStatus& st) {
+  std::vector<std::unique_ptr<Backend>> b = make_cpu_backends();
+  for (auto& c : make_cuda_backends(st)) b.push_back(std::move(c));
   return b;
 }
 

@@ -39,7 +39,11 @@ struct Algo {
   bool chunked = false;
   int chunk = 64;
   bool normalized = false;
-  std::string label() const;  ///< e.g. "tokenwise/raw", "chunk64/normalized"
+  /// e.g. "tokenwise/raw", "chunk64/normalized"
+  std::string label() const {
+    return (chunked ? "chunk" + std::to_string(chunk) : std::string("tokenwise")) +
+           (normalized ? "/normalized" : "/raw");
+  }
 };
 
 /// Outputs o [T, dv] and final state S [dk, dv], as doubles (every dtype converts exactly).
@@ -60,9 +64,9 @@ struct DtypeSpec {
 };
 
 /// A column of the report. The CPU build provides the reference instantiated in float and in
-/// emulated bf16/fp16; a CUDA backend (issue 4, GPU part) is added by implementing this
-/// interface and registering it in make_backends(): it receives the same storage-rounded
-/// problem and returns o and the final state, and may decline the per-token trace.
+/// emulated bf16/fp16; the CUDA columns (cuda_backend.cpp) run the kla::cuda kernels. Every
+/// column receives the same storage-rounded problem and returns o and the final state, and may
+/// decline the per-token trace.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -79,10 +83,38 @@ class Backend {
   virtual std::optional<std::vector<TokenRecord>> trace(const Problem& p, double eps) const = 0;
   /// eps as the backend's β computation sees it.
   virtual double stored_eps(double eps) const = 0;
+  /// False when trace() always declines: the per-token sections (§3, §7) then leave it out.
+  virtual bool has_trace() const { return true; }
+  /// How trace() obtains the per-token states when that is not obvious (the report's text).
+  virtual std::string trace_note() const { return ""; }
+  /// Id of the CPU column whose arithmetic models this one ("" for the CPU columns themselves).
+  virtual std::string model_id() const { return ""; }
+  /// How the report names run `a` of this column where the algorithm label alone is ambiguous
+  /// (the CUDA columns: which entry point ran).
+  virtual std::string algo_name(const Algo& a) const { return a.label(); }
 };
 
 /// CPU columns: fp32, bf16-emul, bf16-store, fp16-emul, fp16-store (in that order).
 std::vector<std::unique_ptr<Backend>> make_cpu_backends();
+
+/// What the CUDA columns run on, for the provenance.
+struct CudaStatus {
+  bool compiled = false;   ///< this kla_report links kla::cuda (CMake option KLA_REPORT_CUDA)
+  bool available = false;  ///< a usable device was found at run time: the columns are registered
+  std::string device;      ///< e.g. "NVIDIA H200, 132 SMs, compute capability 9.0, 140 GiB"
+  std::string versions;    ///< driver, runtime and toolkit versions, kla::cuda version
+  std::string why;         ///< why there are no CUDA columns (when !available)
+};
+
+/// CUDA columns cuda-fp32, cuda-bf16, cuda-fp16: the kla::cuda kernels through the C ABI, one
+/// column per dtype, tokenwise/raw running kla_tokenwise_forward and chunk64/raw running
+/// kla_chunk_forward (Kaczmarz coefficient). Empty, with `st.why` set, when this build has no
+/// CUDA backend, when no CUDA device is present at run time, or when KLA_REPORT_CUDA=0 is set in
+/// the environment.
+std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st);
+
+/// Every column of the report: the CPU columns, then the CUDA columns where available.
+std::vector<std::unique_ptr<Backend>> make_backends(CudaStatus& st);
 
 // ---- ground truth (truth.cpp) -----------------------------------------------------------------
 
