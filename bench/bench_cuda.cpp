@@ -1,7 +1,8 @@
 // CUDA kernel benchmarks (issue 6; docs/performance.md), Google Benchmark over the C ABI.
 //
 //   prefill  kla_chunk_forward at B x T x H in {1x32768x16, 4x8192x16, 1x131072x8, 8x4096x16},
-//            K = V = 128, and the paper's model shape 1x32768x12 with K = 96, V = 192
+//            K = V = 128, and the paper's model shape 1x32768x12 with K = 96, V = 192; in bf16
+//            also 1x32768x16 without a workspace ("no_workspace": the generic kernel)
 //   decode   kla_tokenwise_forward, one token, B in {1, 8, 64, 256}, H = 16, K = V = 128, fp32
 //            state updated in place; back-to-back launches ("launch") and replays of a captured
 //            CUDA graph ("graph")
@@ -25,11 +26,17 @@
 //
 //   kla_bench_cuda [--benchmark_filter=REGEX] [--benchmark_out=FILE --benchmark_out_format=json]
 //                  [--kla_no_gpu_exit_code=N]   (default 0: no GPU is not an error)
+//                  [--kla_summary=FILE]   also print the medians as Markdown tables (decode, then
+//                                         prefill) and write them to FILE: the benchmark table of
+//                                         tools/gpu_suite.sh
+// One prefill shape alone (kernel tuning): --benchmark_filter='prefill/bf16/1x32768x16/K128V128$'
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -133,6 +140,7 @@ Pools* g_pools = nullptr;
 struct Case {
   bool decode;
   Shape shape;
+  bool workspace = true;  // prefill: pass the fast path's workspace; false: the generic kernel
 
   double head_tokens() const { return double(shape.gate_elems()); }
   /// The fewest bytes a call must move (see the file comment).
@@ -149,8 +157,8 @@ struct Case {
       std::snprintf(n, sizeof n, "decode/%s/B%dxH%d/K%dV%d/%s", dtype_name(s.dtype), s.B, s.H, s.K,
                     s.V, variant);
     else
-      std::snprintf(n, sizeof n, "prefill/%s/%dx%dx%d/K%dV%d", dtype_name(s.dtype), s.B, s.T, s.H,
-                    s.K, s.V);
+      std::snprintf(n, sizeof n, "prefill/%s/%dx%dx%d/K%dV%d%s", dtype_name(s.dtype), s.B, s.T, s.H,
+                    s.K, s.V, workspace ? "" : "/no_workspace");
     return n;
   }
 };
@@ -194,8 +202,9 @@ class Rotation {
     }
 #if KLA_ABI_VERSION >= 2
     // The chunkwise fast path's scratch: one for all sets (the calls run one after another on
-    // one stream). Its traffic is the kernel's own cost, not part of the floor.
-    if (!c.decode) {
+    // one stream). Its traffic is the kernel's own cost, not part of the floor. Without it the
+    // library runs the workspace-free generic kernel.
+    if (!c.decode && c.workspace) {
       const size_t ws = kla_workspace_size(&params_[0]);
       if (ws > 0) {
         void* w = nullptr;
@@ -467,25 +476,149 @@ void bench_copy(benchmark::State& st) {
   }
 }
 
+/// Every case (see the file comment), in the order they run: prefill, decode, and last the
+/// workspace-free generic kernel (about 13x slower than the fast path), so that a run cut short by
+/// its time limit (bench/run_side_by_side.sh) loses the least.
+std::vector<Case> all_cases() {
+  const kla_dtype dts[] = {KLA_DTYPE_BF16, KLA_DTYPE_FP16, KLA_DTYPE_FP32};
+  std::vector<Case> cases;
+  for (kla_dtype dt : dts)
+    for (const Shape& s :
+         {Shape{dt, 1, 32768, 16, 16, 128, 128}, Shape{dt, 4, 8192, 16, 16, 128, 128},
+          Shape{dt, 1, 131072, 8, 8, 128, 128}, Shape{dt, 8, 4096, 16, 16, 128, 128},
+          Shape{dt, 1, 32768, 12, 12, 96, 192}})
+      cases.push_back({false, s});
+  for (kla_dtype dt : dts)
+    for (int B : {1, 8, 64, 256}) cases.push_back({true, {dt, B, 1, 16, 16, 128, 128}});
+  cases.push_back({false, {KLA_DTYPE_BF16, 1, 32768, 16, 16, 128, 128}, false});
+  return cases;
+}
+
+// ---- the summary tables (--kla_summary) ---------------------------------------------------------
+/// Displays as the plain console reporter does and keeps each benchmark's median counters (or its
+/// error, where no repetition succeeded) for the summary tables.
+class MedianCollector : public benchmark::ConsoleReporter {
+ public:
+  struct Result {
+    benchmark::UserCounters counters;  // empty where no repetition succeeded
+    std::string error;
+  };
+
+  MedianCollector() : ConsoleReporter(OO_None) {}
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      Result& res = results_[r.run_name.function_name];
+      if (r.error_occurred)
+        res.error = r.error_message;
+      else if (r.run_type == Run::RT_Iteration || r.aggregate_name == "median")
+        res.counters = r.counters;  // aggregates come after the repetitions: the median wins
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+
+  /// The median time per call of the benchmark registered as `name`, in microseconds; 0 where it
+  /// has none, `why` then saying so (empty: it did not run, e.g. filtered out).
+  double median_us(const std::string& name, std::string& why) const {
+    why.clear();
+    const auto it = results_.find(name);
+    if (it == results_.end()) return 0;
+    const auto us = it->second.counters.find("median_us");
+    if (us != it->second.counters.end() && us->second.value > 0) return us->second.value;
+    why = "error: " + (it->second.error.empty() ? std::string("no timing") : it->second.error);
+    return 0;
+  }
+
+ private:
+  std::map<std::string, Result> results_;
+};
+
+std::string format(const char* fmt, double x) {
+  char s[64];
+  std::snprintf(s, sizeof s, fmt, x);
+  return s;
+}
+
+/// The tables tools/gpu_suite.sh prints last: decode (back-to-back launches and graph replay side
+/// by side, as a fraction of the copy rate) and prefill, each case's median against its floor.
+/// Cases that did not run are left out.
+std::string summary_markdown(const MedianCollector& results, const std::vector<Case>& cases,
+                             const cudaDeviceProp& prop) {
+  std::string out = "kla_bench_cuda: " + std::string(prop.name) + " (" +
+                    std::to_string(prop.multiProcessorCount) + " SMs), copy rate " +
+                    format("%.2f", G.copy_bytes_per_s / 1e12) +
+                    " TB/s (1 GiB device copy, bytes read + written); medians of CUDA-event "
+                    "timings\n\n| decode (T=1, fp32 state in place) | dtype | us/call | graph "
+                    "us/call | floor us | fraction of copy rate (launch / graph) |\n"
+                    "|---|---|---|---|---|---|\n";
+  auto cell = [](double us, const std::string& why, const char* fmt, double scale) {
+    return us > 0 ? format(fmt, us * scale) : why.empty() ? "-" : why;
+  };
+  auto fraction = [](double floor_us, double us) {
+    return us > 0 ? format("%.0f%%", 100.0 * floor_us / us) : "-";
+  };
+  for (const Case& c : cases) {
+    if (!c.decode) continue;
+    std::string why_launch, why_graph;
+    const double launch = results.median_us(c.name("launch"), why_launch);
+    const double graph = results.median_us(c.name("graph"), why_graph);
+    if (launch <= 0 && graph <= 0 && why_launch.empty() && why_graph.empty()) continue;
+    const Shape& s = c.shape;
+    const double floor_us = 1e6 * c.floor_bytes() / G.copy_bytes_per_s;
+    out += "| B=" + std::to_string(s.B) + " H=" + std::to_string(s.H) +
+           " K=" + std::to_string(s.K) + " V=" + std::to_string(s.V) + " | " + dtype_name(s.dtype) +
+           " | " + cell(launch, why_launch, "%.2f", 1) + " | " + cell(graph, why_graph, "%.2f", 1) +
+           " | " + format("%.1f", floor_us) + " | " + fraction(floor_us, launch) + " / " +
+           fraction(floor_us, graph) + " |\n";
+  }
+  out +=
+      "\n| prefill (chunkwise) | dtype | ms | memory floor ms | fraction of copy rate |\n"
+      "|---|---|---|---|---|\n";
+  for (const Case& c : cases) {
+    if (c.decode) continue;
+    std::string why;
+    const double us = results.median_us(c.name(""), why);
+    if (us <= 0 && why.empty()) continue;
+    const Shape& s = c.shape;
+    const double floor_us = 1e6 * c.floor_bytes() / G.copy_bytes_per_s;
+    out += "| " + std::to_string(s.B) + "x" + std::to_string(s.T) + "x" + std::to_string(s.H) +
+           " K=" + std::to_string(s.K) + " V=" + std::to_string(s.V) +
+           (c.workspace ? "" : " (no workspace: generic kernel)") + " | " + dtype_name(s.dtype) +
+           " | " + cell(us, why, "%.3f", 1e-3) + " | " + format("%.3f", 1e-3 * floor_us) + " | " +
+           fraction(floor_us, us) + " |\n";
+  }
+  return out;
+}
+
+/// The value of `arg` if it is `prefix` followed by one (prefix ends in '='), else null.
+const char* flag_value(const char* arg, const char* prefix) {
+  const size_t n = std::strlen(prefix);
+  return std::strncmp(arg, prefix, n) == 0 ? arg + n : nullptr;
+}
+
 bool has_flag(int argc, char** argv, const char* prefix) {
   for (int i = 1; i < argc; ++i)
-    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) return true;
+    if (flag_value(argv[i], prefix)) return true;
   return false;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Our own flag first (Google Benchmark rejects flags it does not know).
+  // Our own flags first (Google Benchmark rejects flags it does not know).
   int no_gpu_code = 0;
+  std::string summary_path;
   std::vector<char*> args(argv, argv + argc);
   for (auto it = args.begin() + 1; it != args.end();) {
-    if (std::strncmp(*it, "--kla_no_gpu_exit_code=", 23) == 0) {
-      no_gpu_code = std::atoi(*it + 23);
-      it = args.erase(it);
+    if (const char* v = flag_value(*it, "--kla_no_gpu_exit_code=")) {
+      no_gpu_code = std::atoi(v);
+    } else if (const char* path = flag_value(*it, "--kla_summary=")) {
+      summary_path = path;
     } else {
       ++it;
+      continue;
     }
+    it = args.erase(it);
   }
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -533,32 +666,35 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("copy/d2d/1GiB", bench_copy)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
-    const kla_dtype dts[] = {KLA_DTYPE_BF16, KLA_DTYPE_FP16, KLA_DTYPE_FP32};
-    for (kla_dtype dt : dts) {
-      const Case prefill[] = {{false, {dt, 1, 32768, 16, 16, 128, 128}},
-                              {false, {dt, 4, 8192, 16, 16, 128, 128}},
-                              {false, {dt, 1, 131072, 8, 8, 128, 128}},
-                              {false, {dt, 8, 4096, 16, 16, 128, 128}},
-                              {false, {dt, 1, 32768, 12, 12, 96, 192}}};
-      for (const Case& c : prefill)
+    const std::vector<Case> cases = all_cases();
+    for (const Case& c : cases) {
+      if (!c.decode) {
         benchmark::RegisterBenchmark(c.name("").c_str(), bench_prefill, c)
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond);
+        continue;
+      }
+      for (bool graph : {false, true})
+        benchmark::RegisterBenchmark(c.name(graph ? "graph" : "launch").c_str(), bench_decode, c,
+                                     graph)
+            ->UseManualTime()
+            ->Iterations(30)  // regions of `calls` calls; the reported time is per call
+            ->Unit(benchmark::kMicrosecond);
     }
-    for (kla_dtype dt : dts)
-      for (int B : {1, 8, 64, 256})
-        for (bool graph : {false, true}) {
-          const Case c{true, {dt, B, 1, 16, 16, 128, 128}};
-          benchmark::RegisterBenchmark(c.name(graph ? "graph" : "launch").c_str(), bench_decode, c,
-                                       graph)
-              ->UseManualTime()
-              ->Iterations(30)  // regions of `calls` calls; the reported time is per call
-              ->Unit(benchmark::kMicrosecond);
-        }
 
     benchmark::Initialize(&nargs, args.data());
     if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
-    benchmark::RunSpecifiedBenchmarks();
+    if (summary_path.empty()) {
+      benchmark::RunSpecifiedBenchmarks();
+    } else {
+      MedianCollector results;
+      benchmark::RunSpecifiedBenchmarks(&results);
+      const std::string summary = summary_markdown(results, cases, prop);
+      std::printf("\n%s", summary.c_str());
+      std::ofstream file(summary_path);
+      file << summary;
+      if (!file) throw std::runtime_error("cannot write " + summary_path);
+    }
     benchmark::Shutdown();
     g_rot.reset();
     delete g_pools;

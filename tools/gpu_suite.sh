@@ -8,25 +8,33 @@
 #   tools/gpu_suite.sh         (on the GPU machine, from the repository root) run everything
 #
 # The binaries are invoked directly (ctest's absolute paths differ on the GPU machine). Logs
-# and tables go to $OUT (the device tool's output folder) or build-gpu/dist/out.
+# and tables go to $OUT (the device tool's output folder) or build-gpu/dist/out. The benchmark
+# table is kla_bench_cuda's (bench/bench_cuda.cpp, --kla_summary), its full results beside it
+# as kla_bench_cuda.json.
+# Environment: KLA_GPU_BUILD (the build folder, default build-gpu), KLA_GPU_DIST (where the
+# binaries are copied to and run from, default $KLA_GPU_BUILD/dist).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DIST=${KLA_GPU_DIST:-$ROOT/build-gpu/dist}
+BUILD=${KLA_GPU_BUILD:-$ROOT/build-gpu}
+DIST=${KLA_GPU_DIST:-$BUILD/dist}
 
 if [[ ${1:-} == stage ]]; then
   set -e
   cd "$ROOT"
-  cmake --preset gpu >/dev/null
-  cmake --build build-gpu --target kla_cuda test_cuda_validate test_cuda_kernels test_cuda_props \
-    test_cuda_accuracy kla_example_c kla_example_cpp bench_kla
+  cmake --preset gpu -B "$BUILD" >/dev/null
+  cmake --build "$BUILD" --target kla_cuda test_cuda_validate test_cuda_kernels test_cuda_props \
+    test_cuda_accuracy kla_example_c kla_example_cpp kla_bench_cuda
   rm -rf "$DIST" && mkdir -p "$DIST"
   for b in tests/cuda/test_cuda_validate tests/cuda/test_cuda_kernels tests/cuda/test_cuda_props \
            tests/cuda/test_cuda_accuracy tests/cuda/kla_example_c tests/cuda/kla_example_cpp \
-           tests/cuda/bench_kla; do
-    cp "build-gpu/$b" "$DIST/" && strip "$DIST/$(basename "$b")"
+           bench/kla_bench_cuda; do
+    cp "$BUILD/$b" "$DIST/" && strip "$DIST/$(basename "$b")"
   done
-  cp -P build-gpu/cuda/libkla_cuda.so* "$DIST/"
+  cp -P "$BUILD"/cuda/libkla_cuda.so* "$DIST/"
   strip "$DIST"/libkla_cuda.so.*.*.* 2>/dev/null || true
+  # libbenchmark is shared-only here (Debian); it travels under its soname.
+  bm=$(ldd "$BUILD/bench/kla_bench_cuda" | awk '/libbenchmark/ {print $3}')
+  if [[ -n $bm ]]; then cp -L "$bm" "$DIST/"; fi
   du -sh "$DIST"
   exit 0
 fi
@@ -78,7 +86,9 @@ if command -v compute-sanitizer >/dev/null; then
 else
   SUMMARY+=("| sanitizers             | compute-sanitizer not found |")
 fi
-run bench 300 "$DIST/bench_kla" "$OUTDIR/bench.md"
+# The medians as Markdown tables in bench.md (printed below); 77: no GPU, as the examples.
+run bench 300 "$DIST/kla_bench_cuda" --kla_no_gpu_exit_code=77 --kla_summary="$OUTDIR/bench.md" \
+  --benchmark_out="$OUTDIR/kla_bench_cuda.json" --benchmark_out_format=json
 
 {
   echo
