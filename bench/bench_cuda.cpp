@@ -279,8 +279,10 @@ class Rotation {
 std::unique_ptr<Rotation> g_rot;
 std::string g_rot_key, g_rot_error;
 
+/// The sets of case `c`, or null where its output check failed (`st` is then marked skipped with
+/// the reason, for every repetition).
 template <class Call>
-const Rotation& rotation_for(const Case& c, Call call, std::string& error) {
+const Rotation* rotation_for(benchmark::State& st, const Case& c, Call call) {
   const std::string key = c.name("");
   if (!g_rot || key != g_rot_key) {
     g_rot.reset();
@@ -289,8 +291,9 @@ const Rotation& rotation_for(const Case& c, Call call, std::string& error) {
     g_rot_key = key;
     g_rot_error = g_rot->check_output(call);
   }
-  error = g_rot_error;
-  return *g_rot;
+  if (g_rot_error.empty()) return g_rot.get();
+  st.SkipWithError(g_rot_error.c_str());
+  return nullptr;
 }
 
 /// Events around the timed region; per-iteration seconds are kept for the median.
@@ -341,12 +344,9 @@ kla_status call_tokenwise(const kla_params& p) {
 
 void bench_prefill(benchmark::State& st, Case c) {
   try {
-    std::string err;
-    const Rotation& rot = rotation_for(c, call_chunk, err);
-    if (!err.empty()) {
-      st.SkipWithError(err.c_str());
-      return;
-    }
+    const Rotation* checked = rotation_for(st, c, call_chunk);
+    if (!checked) return;
+    const Rotation& rot = *checked;
     for (size_t i = 0; i < 3; ++i) (void)call_chunk(rot[i]);
     KLA_CUDA_CHECK(cudaStreamSynchronize(G.stream));
     Timer t;
@@ -369,12 +369,9 @@ void bench_prefill(benchmark::State& st, Case c) {
 
 void bench_decode(benchmark::State& st, Case c, bool graph) {
   try {
-    std::string err;
-    const Rotation& rot = rotation_for(c, call_tokenwise, err);
-    if (!err.empty()) {
-      st.SkipWithError(err.c_str());
-      return;
-    }
+    const Rotation* checked = rotation_for(st, c, call_tokenwise);
+    if (!checked) return;
+    const Rotation& rot = *checked;
     // Each timed region covers `calls` calls walking the rotation (at least 16).
     const int calls = int(std::max<size_t>(rot.size(), 16));
     cudaGraphExec_t exec = nullptr;

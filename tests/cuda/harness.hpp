@@ -356,26 +356,32 @@ Outputs run_reference(const Data& d) {
   return out;
 }
 
+/// Calls fn(i) for the index of every element the comparisons below look at: the valid elements
+/// of an o-layout array (padding skipped), or each of the n elements when `o_layout` is false.
+template <class Fn>
+void for_each_compared(std::size_t n, const Data& d, bool o_layout, Fn fn) {
+  if (!o_layout) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  const Config& c = d.cfg;
+  for (int b = 0; b < c.B; ++b)
+    for (int t = 0; t < c.T; ++t)
+      for (int hv = 0; hv < c.HV; ++hv)
+        for (int i = 0; i < c.V; ++i) fn(b * d.os[0] + t * d.os[1] + hv * d.os[2] + i);
+}
+
 /// Relative RMS ‖a − r‖ / ‖r‖ over the valid elements of an o-layout array (padding skipped),
 /// or over every element when `o_layout` is false. NaN/Inf in `a` gives +inf.
 inline double rel_rms(const std::vector<double>& a, const std::vector<double>& r, const Data& d,
                       bool o_layout) {
   double num = 0, den = 0;
-  auto acc = [&](std::size_t i) {
+  for_each_compared(a.size(), d, o_layout, [&](std::size_t i) {
     if (!std::isfinite(a[i])) num = INFINITY;
     const double e = a[i] - r[i];
     num += e * e;
     den += r[i] * r[i];
-  };
-  if (!o_layout) {
-    for (std::size_t i = 0; i < a.size(); ++i) acc(i);
-  } else {
-    const Config& c = d.cfg;
-    for (int b = 0; b < c.B; ++b)
-      for (int t = 0; t < c.T; ++t)
-        for (int hv = 0; hv < c.HV; ++hv)
-          for (int i = 0; i < c.V; ++i) acc(b * d.os[0] + t * d.os[1] + hv * d.os[2] + i);
-  }
+  });
   if (!std::isfinite(num)) return INFINITY;
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
@@ -384,22 +390,12 @@ inline double rel_rms(const std::vector<double>& a, const std::vector<double>& r
 inline double max_scaled_err(const std::vector<double>& a, const std::vector<double>& r,
                              const Data& d, bool o_layout, double rel, double abs_floor) {
   double worst = 0;
-  auto chk = [&](std::size_t i) {
-    if (!std::isfinite(a[i])) {
+  for_each_compared(a.size(), d, o_layout, [&](std::size_t i) {
+    if (!std::isfinite(a[i]))
       worst = INFINITY;
-      return;
-    }
-    worst = std::max(worst, std::abs(a[i] - r[i]) / (rel * std::abs(r[i]) + abs_floor));
-  };
-  if (!o_layout) {
-    for (std::size_t i = 0; i < a.size(); ++i) chk(i);
-  } else {
-    const Config& c = d.cfg;
-    for (int b = 0; b < c.B; ++b)
-      for (int t = 0; t < c.T; ++t)
-        for (int hv = 0; hv < c.HV; ++hv)
-          for (int i = 0; i < c.V; ++i) chk(b * d.os[0] + t * d.os[1] + hv * d.os[2] + i);
-  }
+    else
+      worst = std::max(worst, std::abs(a[i] - r[i]) / (rel * std::abs(r[i]) + abs_floor));
+  });
   return worst;
 }
 
