@@ -24,9 +24,22 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIST=${KLA_REPORT_GPU_DIST:-$ROOT/build-report-gpu/dist}
 SKIPPED_NOTE='> Plots were skipped (--no-plots); the CSV files hold all data.'
 
+# A Python with matplotlib: Debian's (as kla_report uses by default), else python3 on the PATH.
+matplotlib_python() {
+  local py
+  for py in /usr/bin/python3 python3; do
+    if command -v "$py" >/dev/null && "$py" -c 'import matplotlib' 2>/dev/null; then
+      command -v "$py"
+      return 0
+    fi
+  done
+  return 1
+}
+
 plot() {
-  local dir=$1
-  python3 "$ROOT/tools/plot_report.py" "$dir"
+  local dir=$1 py
+  py=$(matplotlib_python) || { echo "no python3 with matplotlib (apt-get install python3-matplotlib)" >&2; exit 1; }
+  "$py" "$ROOT/tools/plot_report.py" "$dir"
   python3 - "$dir/report.md" "$SKIPPED_NOTE" <<'EOF'
 import sys
 path, note = sys.argv[1], sys.argv[2]
@@ -99,12 +112,7 @@ echo "===== test_report_cuda" | tee -a "$LOG"
 # A Python with matplotlib for the plots; without one the plots are drawn afterwards
 # (tools/report_gpu.sh unpack / plot).
 plot_args=(--no-plots)
-for py in python3 /usr/bin/python3; do
-  if command -v "$py" >/dev/null && "$py" -c 'import matplotlib' 2>/dev/null; then
-    plot_args=(--python "$(command -v "$py")")
-    break
-  fi
-done
+if py=$(matplotlib_python); then plot_args=(--python "$py"); fi
 
 exe=$DIST/kla_report
 [[ $exe == "$ROOT"/* ]] && exe=${exe#"$ROOT"/}
