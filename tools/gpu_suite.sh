@@ -73,6 +73,12 @@ run() {
 run validate 120 "$DIST/test_cuda_validate"
 run kernels 400 "$DIST/test_cuda_kernels"
 run props 400 "$DIST/test_cuda_props"
+# The other chunkwise paths on the same GPU (docs/api.md, KLA_CHUNK_PATH): the WY scan with
+# 32-column slices (chosen only for many heads), and the sm_80-level TF32 path.
+KLA_CHUNK_PATH=wy32 run kernels-wy32 400 "$DIST/test_cuda_kernels"
+KLA_CHUNK_PATH=wy32 run props-wy32 400 "$DIST/test_cuda_props"
+KLA_CHUNK_PATH=portable run kernels-portable 400 "$DIST/test_cuda_kernels"
+KLA_CHUNK_PATH=portable run props-portable 400 "$DIST/test_cuda_props"
 KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
 run example_c 60 "$DIST/kla_example_c"
 run example_cpp 60 "$DIST/kla_example_cpp"
@@ -83,6 +89,8 @@ if command -v compute-sanitizer >/dev/null; then
   run memcheck-props 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_props"
   run initcheck 400 compute-sanitizer --tool initcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 9 "$DIST/test_cuda_kernels"
+  KLA_CHUNK_PATH=wy32 run memcheck-wy32 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$DIST/test_cuda_kernels"
 else
   SUMMARY+=("| sanitizers             | compute-sanitizer not found |")
 fi

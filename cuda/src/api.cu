@@ -3,7 +3,10 @@
 // caller's stream. No host synchronisation, no allocation: capturable in a CUDA graph.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "dispatch.hpp"
 #include "internal.hpp"
@@ -50,6 +53,7 @@ kla::kernels::KernelParams translate(const kla_params& p) {
   k.K = int(p.head_dim_k);
   k.V = int(p.head_dim_v);
   k.ws = static_cast<float*>(p.workspace);
+  k.ws_record_floats = kla::detail::ws_record_bytes(p.head_dim_k, p.head_dim_v) / 4;
   int64_t longest = p.seq_len;
   if (p.cu_seqlens_host) {
     longest = 0;
@@ -61,7 +65,7 @@ kla::kernels::KernelParams translate(const kla_params& p) {
 }
 
 struct Device {
-  int id = 0, sms = 0, max_smem = 0;
+  int id = 0, sms = 0, max_smem = 0, cc_major = 0;
 };
 
 kla_status current_device(Device& d) {
@@ -76,6 +80,8 @@ kla_status current_device(Device& d) {
   if ((e = cudaGetDevice(&d.id)) != cudaSuccess ||
       (e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, d.id)) != cudaSuccess ||
       (e = cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.id)) !=
+          cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, d.id)) !=
           cudaSuccess) {
     (void)cudaGetLastError();
     return fail(KLA_ERROR_NO_DEVICE,
@@ -90,6 +96,29 @@ kla_status launched(cudaError_t e, const char* what) {
   return fail(KLA_ERROR_CUDA, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+template <class E>
+cudaError_t run_chunk(const KernelParams& kp, cudaStream_t stream, const Device& dev, bool& ran) {
+  cudaError_t e = cudaSuccess;
+  // KLA_CHUNK_PATH (diagnostics and tests, docs/api.md): "portable" skips the sm_90 WY path, so
+  // the sm_80-level TF32 path can be tested and compared on a Hopper GPU; "wy16" / "wy32" pin the
+  // WY scan's value slice.
+  const char* path = std::getenv("KLA_CHUNK_PATH");
+  const bool portable = path && std::strcmp(path, "portable") == 0;
+  const int force_vs = !path                            ? 0
+                       : std::strcmp(path, "wy16") == 0 ? 16
+                       : std::strcmp(path, "wy32") == 0 ? 32
+                                                        : 0;
+  if constexpr (!std::is_same_v<E, float>)
+    if (!portable)
+      e = kla::kernels::launch_chunk_wy<E>(kp, stream, dev.cc_major, dev.sms, dev.max_smem,
+                                           force_vs, ran);
+  if (e == cudaSuccess && !ran)
+    e = kla::kernels::launch_chunk_fast<E>(kp, stream, dev.sms, dev.max_smem, ran);
+  if (e == cudaSuccess && !ran)
+    e = kla::kernels::launch_chunk<E>(kp, stream, dev.sms, dev.max_smem);
+  return e;
+}
+
 }  // namespace
 
 extern "C" {
@@ -100,23 +129,13 @@ kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream) {
   if (kla_status s = current_device(dev)) return s;
   const KernelParams kp = translate(*p);
   cudaError_t e = cudaSuccess;
-  bool ran = false;  // fast path (needs the workspace) taken
+  // Paths in order of preference, each declining (ran = false) where it does not apply: the WY
+  // path (bf16 / fp16, sm_90), the TF32 path (any dtype, needs the workspace), the generic one.
+  bool ran = false;
   switch (p->dtype) {
-    case KLA_DTYPE_FP32:
-      e = kla::kernels::launch_chunk_fast<float>(kp, stream, dev.sms, dev.max_smem, ran);
-      if (e == cudaSuccess && !ran)
-        e = kla::kernels::launch_chunk<float>(kp, stream, dev.sms, dev.max_smem);
-      break;
-    case KLA_DTYPE_BF16:
-      e = kla::kernels::launch_chunk_fast<__nv_bfloat16>(kp, stream, dev.sms, dev.max_smem, ran);
-      if (e == cudaSuccess && !ran)
-        e = kla::kernels::launch_chunk<__nv_bfloat16>(kp, stream, dev.sms, dev.max_smem);
-      break;
-    case KLA_DTYPE_FP16:
-      e = kla::kernels::launch_chunk_fast<__half>(kp, stream, dev.sms, dev.max_smem, ran);
-      if (e == cudaSuccess && !ran)
-        e = kla::kernels::launch_chunk<__half>(kp, stream, dev.sms, dev.max_smem);
-      break;
+    case KLA_DTYPE_FP32: e = run_chunk<float>(kp, stream, dev, ran); break;
+    case KLA_DTYPE_BF16: e = run_chunk<__nv_bfloat16>(kp, stream, dev, ran); break;
+    case KLA_DTYPE_FP16: e = run_chunk<__half>(kp, stream, dev, ran); break;
   }
   return launched(e, "kla_chunk_forward launch");
 }

@@ -196,6 +196,116 @@ __host__ __device__ inline int64_t prep_smem_bytes(int K, int esize) {
   return (prep_kq_floats(K, esize) + int64_t(kFC) * kMP + 4LL * kFC) * 4;
 }
 
+/// Per-token scalars of one chunk (rows [0, kFC), rows >= L padding): kscale, beta, the
+/// read-out scale and the inclusive cumulative log decay G, into shared arrays. ks / qs are the
+/// raw key / query tiles (pitch KP); kn2, when given, holds the squared key norms already (the
+/// diagonal of K K^T), and query norms are summed only for the l2-norm read-out. Ends with a
+/// barrier. All kPrepThreads threads call it.
+template <class E>
+__device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, const SeqRange& sr,
+                                                    int64_t tb, int L, int hv, const E* ks,
+                                                    const E* qs, int KP, int K, float* ksc,
+                                                    float* bet, float* qsc, float* Gv,
+                                                    const float* kn2 = nullptr) {
+  constexpr int C = kFC;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool sum_k = kn2 == nullptr, sum_q = p.l2norm != 0;
+  // One warp per token when a norm is summed here, else one thread per token.
+  const bool per_warp = sum_k || sum_q;
+  const int i0 = per_warp ? warp : tid, di = per_warp ? kPrepThreads / 32 : kPrepThreads;
+  for (int i = i0; i < C; i += di) {
+    float n2 = 0.f, qn2 = 0.f;
+    if (per_warp) {
+      for (int r = lane; r < K; r += 32) {
+        if (sum_k) {
+          const float kv = tof(ks[i * KP + r]);
+          n2 = fmaf(kv, kv, n2);
+        }
+        if (sum_q) {
+          const float qv = tof(qs[i * KP + r]);
+          qn2 = fmaf(qv, qv, qn2);
+        }
+      }
+      n2 = warp_sum(n2);
+      qn2 = warp_sum(qn2);
+    }
+    if (!sum_k) n2 = kn2[i];
+    float eta = 0.f, gl = 0.f;
+    if (i < L) {
+      const int64_t t = tb + i;
+      eta = p.eta ? p.eta[sr.b * p.es[0] + t * p.es[1] + hv] : p.eta_value;
+      gl = p.g ? p.g[sr.b * p.gs[0] + t * p.gs[1] + hv] : 0.f;
+    }
+    const TokenCoef tc = i < L ? token_coef(n2, eta, p.eps, p.kaczmarz) : TokenCoef{0.f, 0.f};
+    if (!per_warp || lane == 0) {
+      ksc[i] = tc.kscale;
+      bet[i] = tc.beta;
+      qsc[i] = readout_scale(qn2, p);
+      Gv[i] = gl;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {  // inclusive scan of the log decays (fixed shuffle order)
+    const float a0 = Gv[2 * lane], a1 = Gv[2 * lane + 1];
+    float s = a0 + a1;
+    for (int off = 1; off < 32; off <<= 1) {
+      const float o = __shfl_up_sync(0xffffffffu, s, off);
+      if (lane >= off) s += o;
+    }
+    const float excl = s - (a0 + a1);
+    __syncwarp();
+    Gv[2 * lane] = excl + a0;
+    Gv[2 * lane + 1] = excl + a0 + a1;
+  }
+  __syncthreads();
+}
+
+/// T = (I + lm)^-1 for a strictly lower 64 x 64 lm (pitch kMP) into tm (pitch kFC + 1, valid on
+/// and below the diagonal blocks), fp32; X is [3][16][16] scratch. Ends with a barrier.
+__device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, float* X) {
+  constexpr int TP = kFC + 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // T = (I + lm)^-1 blockwise (16 x 16 blocks). Diagonal blocks by substitution, one warp
+  // each, column col owned by lanes 2col, 2col+1 (each sums every other j):
+  //   T_ic = -sum_{col <= j < i} lm_ij T_jc  (i > col), T_cc = 1.
+  if (warp < 4) {
+    const int o = warp * 16, col = lane >> 1, part = lane & 1;
+    for (int i = 0; i < 16; ++i) {
+      float acc = 0.f;
+      for (int j = col + part; j < i; j += 2)
+        acc = fmaf(lm[(o + i) * kMP + o + j], tm[(o + j) * TP + o + col], acc);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      if (part == 0) tm[(o + i) * TP + o + col] = i < col ? 0.f : (i == col ? 1.f : -acc);
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  // Off-diagonal blocks by distance d = a - b: T_ab = -T_aa (sum_{b <= k < a} L_ak T_kb).
+  {
+    for (int d = 1; d < 4; ++d) {
+      const int nb = 4 - d;
+      for (int idx = tid; idx < nb * 256; idx += kPrepThreads) {
+        const int b = idx >> 8, a = b + d, r = (idx >> 4) & 15, cc = idx & 15;
+        float acc = 0.f;
+#pragma unroll 8
+        for (int k = b * 16; k < a * 16; ++k)
+          acc = fmaf(lm[(a * 16 + r) * kMP + k], tm[k * TP + b * 16 + cc], acc);
+        X[idx] = acc;
+      }
+      __syncthreads();
+      for (int idx = tid; idx < nb * 256; idx += kPrepThreads) {
+        const int b = idx >> 8, a = b + d, r = (idx >> 4) & 15, cc = idx & 15;
+        float acc = 0.f;
+#pragma unroll 4
+        for (int k = 0; k <= r; ++k)
+          acc = fmaf(tm[(a * 16 + r) * TP + a * 16 + k], X[(b << 8) + k * 16 + cc], acc);
+        tm[(a * 16 + r) * TP + b * 16 + cc] = -acc;
+      }
+      __syncthreads();
+    }
+  }
+}
+
 template <class E>
 __global__ void __launch_bounds__(kPrepThreads)
     chunk_prep_kernel(const KernelParams p, float* __restrict__ ws) {
@@ -236,45 +346,9 @@ __global__ void __launch_bounds__(kPrepThreads)
   cp_commit();
   cp_wait<0>();
   __syncthreads();
-  for (int i = warp; i < C; i += kPrepThreads / 32) {
-    float n2 = 0.f, qn2 = 0.f;
-    for (int r = lane; r < K; r += 32) {
-      const float kv = tof(ks[i * KP + r]), qv = tof(qs[i * KP + r]);
-      n2 = fmaf(kv, kv, n2);
-      qn2 = fmaf(qv, qv, qn2);
-    }
-    n2 = warp_sum(n2);
-    qn2 = warp_sum(qn2);
-    float eta = 0.f, gl = 0.f;
-    if (i < L) {
-      const int64_t t = tb + i;
-      eta = p.eta ? p.eta[sr.b * p.es[0] + t * p.es[1] + hv] : p.eta_value;
-      gl = p.g ? p.g[sr.b * p.gs[0] + t * p.gs[1] + hv] : 0.f;
-    }
-    const TokenCoef tc = i < L ? token_coef(n2, eta, p.eps, p.kaczmarz) : TokenCoef{0.f, 0.f};
-    if (lane == 0) {
-      ksc[i] = tc.kscale;
-      bet[i] = tc.beta;
-      qsc[i] = readout_scale(qn2, p);
-      Gv[i] = gl;
-    }
-  }
-  __syncthreads();
-  if (warp == 0) {  // inclusive scan of the log decays (fixed shuffle order)
-    const float a0 = Gv[2 * lane], a1 = Gv[2 * lane + 1];
-    float s = a0 + a1;
-    for (int off = 1; off < 32; off <<= 1) {
-      const float o = __shfl_up_sync(0xffffffffu, s, off);
-      if (lane >= off) s += o;
-    }
-    const float excl = s - (a0 + a1);
-    __syncwarp();
-    Gv[2 * lane] = excl + a0;
-    Gv[2 * lane + 1] = excl + a0 + a1;
-  }
-  __syncthreads();
+  chunk_token_scalars(p, sr, tb, L, hv, ks, qs, KP, K, ksc, bet, qsc, Gv);
 
-  float* w = ws + (chunk_slot(p, n, sr, c) * p.HV + hv) * int64_t(kWsFloats);
+  float* w = ws + (chunk_slot(p, n, sr, c) * p.HV + hv) * p.ws_record_floats;
   // K K^T and Q K^T on the 20 lower 16 x 8 tiles (40 units over the warps), scaled on the
   // way out: lm = B(A^- o K^K^T) (strict), P = qs_i (A o Q K^^T) into the workspace.
   for (int u = warp; u < 40; u += kPrepThreads / 32) {
@@ -306,46 +380,7 @@ __global__ void __launch_bounds__(kPrepThreads)
     if ((j >> 3) > 2 * (i >> 4) + 1) w[kWsP + idx] = 0.f;
   }
   __syncthreads();  // lm complete; ks / qs free (tm aliases them)
-  // T = (I + lm)^-1 blockwise (16 x 16 blocks). Diagonal blocks by substitution, one warp
-  // each, column col owned by lanes 2col, 2col+1 (each sums every other j):
-  //   T_ic = -sum_{col <= j < i} lm_ij T_jc  (i > col), T_cc = 1.
-  if (warp < 4) {
-    const int o = warp * 16, col = lane >> 1, part = lane & 1;
-    for (int i = 0; i < 16; ++i) {
-      float acc = 0.f;
-      for (int j = col + part; j < i; j += 2)
-        acc = fmaf(lm[(o + i) * kMP + o + j], tm[(o + j) * TP + o + col], acc);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      if (part == 0) tm[(o + i) * TP + o + col] = i < col ? 0.f : (i == col ? 1.f : -acc);
-      __syncwarp();
-    }
-  }
-  __syncthreads();
-  // Off-diagonal blocks by distance d = a - b: T_ab = -T_aa (sum_{b <= k < a} L_ak T_kb).
-  {
-    float* X = tm + C * TP;  // [3][16][16] scratch
-    for (int d = 1; d < 4; ++d) {
-      const int nb = 4 - d;
-      for (int idx = tid; idx < nb * 256; idx += kPrepThreads) {
-        const int b = idx >> 8, a = b + d, r = (idx >> 4) & 15, cc = idx & 15;
-        float acc = 0.f;
-#pragma unroll 8
-        for (int k = b * 16; k < a * 16; ++k)
-          acc = fmaf(lm[(a * 16 + r) * kMP + k], tm[k * TP + b * 16 + cc], acc);
-        X[idx] = acc;
-      }
-      __syncthreads();
-      for (int idx = tid; idx < nb * 256; idx += kPrepThreads) {
-        const int b = idx >> 8, a = b + d, r = (idx >> 4) & 15, cc = idx & 15;
-        float acc = 0.f;
-#pragma unroll 4
-        for (int k = 0; k <= r; ++k)
-          acc = fmaf(tm[(a * 16 + r) * TP + a * 16 + k], X[(b << 8) + k * 16 + cc], acc);
-        tm[(a * 16 + r) * TP + b * 16 + cc] = -acc;
-      }
-      __syncthreads();
-    }
-  }
+  invert_unit_lower(lm, tm, tm + C * TP);
   for (int idx = tid; idx < C * C; idx += kPrepThreads) {
     const int i = idx / C, j = idx % C;
     w[kWsT + idx] = (j >> 4) > (i >> 4) ? 0.f : tm[i * TP + j];
@@ -474,7 +509,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       r += dr;
       if (r >= kvec) r -= kvec, ++i;
     }
-    const float* w = ws + (chunk_slot(p, n, sr, ch) * p.HV + hv) * int64_t(kWsFloats);
+    const float* w = ws + (chunk_slot(p, n, sr, ch) * p.HV + hv) * p.ws_record_floats;
     for (int q = q0; q < NPW; q += qstride) cp16(wdst(st, q), w + q * 4, true);
     E* Vr = stage_v(st);
     for (int idx = tid; idx < C * vvec; idx += kScanThreads) {

@@ -1,5 +1,5 @@
 // Launchers, one explicit instantiation per dtype in its own translation unit
-// (tokenwise_<dtype>.cu, chunk_<dtype>.cu) so the kernels compile in parallel.
+// (tokenwise_<dtype>.cu, chunk_<dtype>.cu, chunk_wy_<dtype>.cu) so the kernels compile in parallel.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +18,10 @@ template <class E>
 cudaError_t launch_chunk_fast(const KernelParams& p, cudaStream_t stream, int sms, int64_t max_smem,
                               bool& ran);
 
+template <class E>
+cudaError_t launch_chunk_wy(const KernelParams& p, cudaStream_t stream, int cc_major, int sms,
+                            int64_t max_smem, int force_vs, bool& ran);
+
 extern template cudaError_t launch_tokenwise<float>(const KernelParams&, cudaStream_t);
 extern template cudaError_t launch_tokenwise<__nv_bfloat16>(const KernelParams&, cudaStream_t);
 extern template cudaError_t launch_tokenwise<__half>(const KernelParams&, cudaStream_t);
@@ -31,5 +35,9 @@ extern template cudaError_t launch_chunk_fast<__nv_bfloat16>(const KernelParams&
                                                              int64_t, bool&);
 extern template cudaError_t launch_chunk_fast<__half>(const KernelParams&, cudaStream_t, int,
                                                       int64_t, bool&);
+extern template cudaError_t launch_chunk_wy<__nv_bfloat16>(const KernelParams&, cudaStream_t, int,
+                                                           int, int64_t, int, bool&);
+extern template cudaError_t launch_chunk_wy<__half>(const KernelParams&, cudaStream_t, int, int,
+                                                    int64_t, int, bool&);
 
 }  // namespace kla::kernels

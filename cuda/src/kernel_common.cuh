@@ -39,6 +39,7 @@ struct KernelParams {
   // Fast chunkwise path (chunk_fast.cuh): the caller's workspace (null: generic kernel) and
   // the largest number of 64-token chunks of one sequence.
   float* ws;
+  int64_t ws_record_floats;  // floats per (chunk slot, value head) record (workspace.hpp)
   int max_chunks;
 };
 

@@ -299,17 +299,18 @@ kla_status kla_validate(const kla_params* p) {
 }
 
 size_t kla_workspace_size(const kla_params* p) {
-  // Depends on sizes only (batch / num_seqs, seq_len, num_v_heads); 0 where they are unusable.
+  // Depends on sizes only (batch / num_seqs, seq_len, num_v_heads, head dims); 0 where they are
+  // unusable.
   if (!p || p->seq_len <= 0 || p->num_v_heads <= 0 || p->seq_len > INT32_MAX) return 0;
+  if (p->head_dim_k <= 0 || p->head_dim_v <= 0 || p->head_dim_k > 4096 || p->head_dim_v > 4096)
+    return 0;
   const bool packed = p->cu_seqlens != nullptr || p->cu_seqlens_host != nullptr;
   const int64_t N = packed ? p->num_seqs : p->batch;
   if (N <= 0 || N > INT32_MAX || p->num_v_heads > INT32_MAX) return 0;
   const int64_t slots = kla::detail::fast_chunk_slots(N, p->seq_len, packed);
-  const double bytes = double(slots) * double(p->num_v_heads) *
-                       double(kla::detail::kWsFloatsPerChunk) * sizeof(float);
-  if (bytes > 9.0e18) return 0;
-  return static_cast<size_t>(slots * p->num_v_heads * kla::detail::kWsFloatsPerChunk) *
-         sizeof(float);
+  const int64_t record = kla::detail::ws_record_bytes(p->head_dim_k, p->head_dim_v);
+  if (double(slots) * double(p->num_v_heads) * double(record) > 9.0e18) return 0;
+  return static_cast<size_t>(slots * p->num_v_heads * record);
 }
 
 const char* kla_status_string(kla_status status) {

@@ -1,8 +1,16 @@
-// Workspace geometry of the fast chunkwise path (chunk_fast.cuh), shared by the host-only
-// validation (validate.cpp, no CUDA) and the kernels. One record per (chunk slot, value head):
+// Workspace geometry of the fast chunkwise paths, shared by the host-only validation
+// (validate.cpp, no CUDA) and the kernels. One record per (chunk slot, value head); the
+// workspace holds slots * HV records of the larger of the two layouts below.
+//
+// TF32 path (chunk_fast.cuh: fp32 storage, head dims off the WY path's list, pre-sm_90):
 //   T [64][64]  (I + B(A^- o K^K^T))^-1, fp32, zero above the diagonal
 //   P [64][64]  read-out matrix qscale_i * (A o Q K^T)_ij * kscale_j, fp32
 //   5 x 64 per-token scalars (see chunk_fast.cuh)
+// WY path (chunk_wy.cuh: bf16 / fp16 storage, K in {64, 96, 128}, V % 16 == 0, sm_90):
+//   W_hi, W_lo [64][K+8] bf16   W = T diag(beta kscale gamma) K, split hi + lo (pitch padded)
+//   P_hi, P_lo [64][72]  bf16   the read-out matrix, split
+//   256 floats                  per-token scalars
+//   U0 [V/16][64][16]    fp32   U0 = T diag(beta kscale) V, in 16-column blocks
 // Chunk slots: fixed lengths: n * ceil(T/64) + c; packed (cu_seqlens): cu[n]/64 + n + c, which
 // never collide and stay below T/64 + N.
 #pragma once
@@ -13,6 +21,20 @@ namespace kla::detail {
 
 constexpr int64_t kFastChunk = 64;
 constexpr int64_t kWsFloatsPerChunk = 2 * kFastChunk * kFastChunk + 5 * kFastChunk;
+
+/// Bytes of the WY record's part that every value slice reads (W, P, scalars) for key dim K.
+constexpr int64_t wy_shared_bytes(int64_t K) {
+  return 2 * kFastChunk * (K + 8) * 2 + 2 * kFastChunk * (kFastChunk + 8) * 2 + 256 * 4;
+}
+/// Bytes of one WY record (shared part + U0).
+constexpr int64_t wy_record_bytes(int64_t K, int64_t V) {
+  return wy_shared_bytes(K) + kFastChunk * V * 4;
+}
+/// Bytes of one workspace record: room for either path.
+constexpr int64_t ws_record_bytes(int64_t K, int64_t V) {
+  const int64_t tf32 = kWsFloatsPerChunk * 4, wy = wy_record_bytes(K, V);
+  return tf32 > wy ? tf32 : wy;
+}
 
 inline int64_t fast_chunk_slots(int64_t N, int64_t T, bool packed) {
   return packed ? T / kFastChunk + N : N * ((T + kFastChunk - 1) / kFastChunk);

@@ -322,7 +322,12 @@ TEST(Validate, StatusStringsAndVersion) {
 
 TEST(Validate, Workspace) {
   Fixture f;
-  constexpr std::size_t per_chunk = (2 * 64 * 64 + 5 * 64) * sizeof(float);
+  // A record per (64-token chunk, value head), room for either fast path (docs/api.md): the
+  // TF32 path's T, P and scalars, or the WY path's W, P (bf16 hi + lo, padded pitch), 256
+  // scalars and U0 (fp32 [64][V]).
+  constexpr std::size_t tf32 = (2 * 64 * 64 + 5 * 64) * sizeof(float);
+  constexpr std::size_t wy = 2 * 64 * (K + 8) * 2 + 2 * 64 * 72 * 2 + 1024 + 64 * V * 4;
+  constexpr std::size_t per_chunk = tf32 > wy ? tf32 : wy;
   const std::size_t need = kla_workspace_size(&f.p);
   EXPECT_EQ(need, std::size_t(B) * HV * per_chunk);  // T = 5: one chunk per sequence
   std::vector<float> ws(need / sizeof(float) + 16, 0.0f);

@@ -1,0 +1,155 @@
+// bf16 tensor-core building blocks of the WY chunkwise path (chunk_wy.cuh): mma.sync m16n8k16
+// with fp32 accumulation, ldmatrix fragment loads, the hi + lo split of fp32 values into two
+// bf16 (16 significant bits together), and the sm_90 bulk copy completing on an mbarrier.
+//
+// Fragment conventions (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4):
+//   A (16 x 16, row): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B (16 x 8, col):  b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+//   C (16 x 8):       c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace kla::kernels {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return unsigned(__cvta_generic_to_shared(p));
+}
+
+/// D += A B, bf16 inputs, fp32 accumulation (products exact; fp32 sums).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/// D += A B, fp16 inputs, fp32 accumulation.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/// The raw-input product of dtype E (bf16 or fp16): both operands exact in the instruction.
+template <class E>
+__device__ __forceinline__ void mma_raw(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  if constexpr (std::is_same_v<E, __half>)
+    mma_f16(d, a, b0, b1);
+  else
+    mma_bf16(d, a, b0, b1);
+}
+
+/// Four 8 x 8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// Lane addresses (element offsets) for the four fragment shapes, matrix m = lane / 8.
+// A (16 x 16) at (r0, k0) of a row-major [m][k] matrix, pitch P.
+__device__ __forceinline__ int frag_a(int P, int r0, int k0, int lane) {
+  return (r0 + (lane & 15)) * P + k0 + (lane >> 4) * 8;
+}
+// A (16 x 16) at (m0, k0) of a matrix stored transposed, [k][m] (use with ldsm4_t).
+__device__ __forceinline__ int frag_a_t(int P, int m0, int k0, int lane) {
+  return (k0 + (lane >> 4) * 8 + (lane & 7)) * P + m0 + ((lane >> 3) & 1) * 8;
+}
+// Two B tiles (k 16 x n 8, n-tiles n0 and n0+8) of a [n][k] matrix (use with ldsm4):
+// r0, r1 = b0, b1 of the first n-tile, r2, r3 of the second.
+__device__ __forceinline__ int frag_b_nk(int P, int k0, int n0, int lane) {
+  return (n0 + (lane >> 4) * 8 + (lane & 7)) * P + k0 + ((lane >> 3) & 1) * 8;
+}
+// Two B tiles of a [k][n] matrix (use with ldsm4_t), same register order.
+__device__ __forceinline__ int frag_b_kn(int P, int k0, int n0, int lane) {
+  return (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + n0 + (lane >> 4) * 8;
+}
+
+// The same two A shapes for a 64-row tile stored as 16-byte pieces, [K/8][64][8] (the layout one
+// TMA box gives: the 8 rows of an 8 x 8 matrix are 128 contiguous bytes, free of bank conflicts).
+__device__ __forceinline__ int frag_a_pieces(int r0, int k0, int lane) {
+  return ((k0 >> 3) + (lane >> 4)) * (64 * 8) + (r0 + (lane & 15)) * 8;
+}
+__device__ __forceinline__ int frag_a_t_pieces(int m0, int k0, int lane) {
+  return ((m0 >> 3) + ((lane >> 3) & 1)) * (64 * 8) + (k0 + (lane >> 4) * 8 + (lane & 7)) * 8;
+}
+
+/// x, y -> hi = bf16x2(x, y), lo = bf16x2(x - hi.x, y - hi.y), both round to nearest; x is the
+/// lower half (the element at the lower address / lower index).
+__device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+/// An fp16 pair as bf16 hi + lo: exact (11 significant bits fit in 8 + 8, and bf16's range
+/// covers fp16's, subnormals included).
+__device__ __forceinline__ void split_f16x2(uint32_t r, uint32_t& hi, uint32_t& lo) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r));
+  split_bf16x2(f.x, f.y, hi, lo);
+}
+
+// ---- sm_90 bulk copies (global -> shared) completing on an mbarrier --------------------------
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_local(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+/// Barrier 1 over the 256 compute threads (warps 0-7) only; a producer warp never joins it.
+__device__ __forceinline__ void compute_sync() {
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+/// One box of a 5-d tensor map at coordinates (0, t, 0, h, b) into shared memory (128 B aligned).
+__device__ __forceinline__ void tile_load(void* dst, const void* map, int t, int h, int b,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4, %5, %6}], [%7];\n" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(0), "r"(t), "r"(0), "r"(h), "r"(b), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+#endif
+
+}  // namespace kla::kernels
