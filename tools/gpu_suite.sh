@@ -21,7 +21,7 @@ DIST=${KLA_GPU_DIST:-$BUILD/dist}
 if [[ ${1:-} == stage ]]; then
   set -e
   cd "$ROOT"
-  cmake --preset gpu -B "$BUILD" >/dev/null
+  cmake --preset gpu -B "$BUILD" -DKLA_BUILD_BENCH=ON >/dev/null
   cmake --build "$BUILD" --target kla_cuda test_cuda_validate test_cuda_kernels test_cuda_props \
     test_cuda_accuracy kla_example_c kla_example_cpp kla_bench_cuda
   rm -rf "$DIST" && mkdir -p "$DIST"
