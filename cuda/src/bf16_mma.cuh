@@ -122,13 +122,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
-__device__ __forceinline__ void mbar_arrive_local(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-/// Barrier 1 over the 256 compute threads (warps 0-7) only; a producer warp never joins it.
-__device__ __forceinline__ void compute_sync() {
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
-}
 /// One box of a 5-d tensor map at coordinates (0, t, 0, h, b) into shared memory (128 B aligned).
 __device__ __forceinline__ void tile_load(void* dst, const void* map, int t, int h, int b,
                                           uint64_t* bar) {

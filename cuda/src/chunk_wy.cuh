@@ -11,12 +11,12 @@
 //  1. chunk_wy_prep_kernel, fully parallel over (sequence, chunk, value head): the per-token
 //     scalars and T = (I + B(A^- o K^K^T))^-1 exactly as the TF32 path (fp32, blocked inverse),
 //     then W, U0 and P on the tensor cores into the workspace record (workspace.hpp).
-//  2. chunk_wy_scan_kernel, one block per (sequence, value head, 16 value columns), chunks in
-//     order. Warps 0-3 own U = U0 - W S (row block w) and the state update of key-row blocks
-//     w, w+4 (the fp32 state slice lives in their accumulator registers); warps 4-7 own the
-//     read-out of row block w-4. Two barriers per chunk; the next chunk's record arrives by one
-//     bulk copy (W, P, scalars) plus its U0 slice, K and Q rows by cp.async, while the current
-//     chunk computes.
+//  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 16 or 32 value columns),
+//     chunks in order. Warps 0-3 own U = U0 - W S (row block w) and the state update of key-row
+//     blocks w, w+4 (the fp32 state slice lives in their accumulator registers); warps 4-7 own
+//     the read-out of row block w-4. Two barriers per chunk; the next chunk's record (W, P,
+//     scalars) and U0 slice arrive by bulk copies and its K and Q tiles by one TMA box each, into
+//     a two-stage ring, while the current chunk computes.
 //
 // Precision. The products run as mma.sync m16n8k16 bf16 with fp32 accumulation. Raw bf16
 // inputs are exact operands; fp16 inputs enter as bf16 hi + lo (exact); fp32 intermediates
@@ -37,8 +37,7 @@
 
 namespace kla::kernels {
 
-constexpr int kWyThreads = 256;              // prep block; the scan's compute warps
-constexpr int kWyScanThreads = 256 + 32;     // + one producer warp issuing the copies
+constexpr int kWyThreads = 256;
 constexpr int kWyPP = kFC + 8;               // pitch (elements) of 64-wide bf16 tiles
 constexpr int kWyScOff = 64, kWyGend = 128;  // scalars: [0,64) gamma*qscale, [64,128) update
 
@@ -368,7 +367,7 @@ __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
 }
 
 template <class E, int KD, int VS>
-__global__ void __launch_bounds__(kWyScanThreads, 1)
+__global__ void __launch_bounds__(kWyThreads, 1)
     chunk_wy_scan_kernel(const KernelParams p, const char* __restrict__ ws,
                          const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap qmap) {
@@ -381,8 +380,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   static_assert(R::shared % 128 == 0 && kStage % 128 == 0, "TMA needs 128 B alignment");
   constexpr bool kFp16 = std::is_same_v<E, __half>;
   extern __shared__ __align__(128) char smem[];
-  // full[st]: stage st's bytes have landed; empty[st]: the compute warps are done with it.
-  __shared__ uint64_t full[2], empty[2];
+  __shared__ uint64_t full[2];  // full[st]: stage st's bytes have landed
   // Stage st: record (W_hi, W_lo, P_hi, P_lo, scalars) | U0 slice [VS/16][64][16] fp32 | K, Q
   // raw, each [KD/8][64][8] (16-byte column pieces of the 64 rows: conflict-free ldmatrix, one
   // TMA box).
@@ -414,11 +412,10 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   E* obase = static_cast<E*>(p.o) + sr.b * p.os[0] + int64_t(hv) * p.os[2] + c0;
   const int64_t rec_bytes = p.ws_record_floats * 4;
 
-  if (tid == 0)
-    for (int st = 0; st < 2; ++st) {
-      mbar_init(&full[st], 1);
-      mbar_init(&empty[st], 1);
-    }
+  if (tid == 0) {
+    mbar_init(&full[0], 1);
+    mbar_init(&full[1], 1);
+  }
   // Warps 0-3 hold the state in registers: key-row blocks mt = warp + 4 j (j = 0, 1;
   // mt < KD/16), every 8-column tile; element (j, nj, e) is row mt*16 + g + 8 (e / 2), column
   // nj*8 + 2 t4 + e % 2.
@@ -454,51 +451,43 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     }
   __syncthreads();  // barriers initialised, state split visible
 
-  if (warp == kWyScanThreads / 32 - 1) {
-    // Producer: chunk ch's tiles into stage ch % 2 once the compute warps have released the
-    // stage (chunk ch - 2), completing on full[st]: the record's shared part (W, P, scalars) and
-    // this slice's U0 by bulk copies, the K and Q tiles by one tensor copy each (rows past the
-    // tensor's end arrive as zeros). A separate warp, so that no compute warp stalls on issuing.
-    // The lanes also ask L2 for chunk ch + kAhead's record and K / Q rows (each slice of the
-    // head a share of the 128-byte lines), so that the copies, which may start only when a stage
-    // is free, find them in L2 rather than DRAM.
-    constexpr int kAhead = 3;
-    for (int ch = 0; ch < nch; ++ch) {
-      const int st = ch & 1;
-      const int cf = ch + kAhead;
-      if (cf < nch) {
-        const char* rf = ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes;
-        constexpr int lines = int((R::shared + 127) / 128);
-        for (int l = slice + nslices * lane; l < lines; l += nslices * 32)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(rf + l * 128));
-        const int64_t tf = sr.t0 + int64_t(cf) * C;
-        const int rows = int(sr.len - int64_t(cf) * C < C ? sr.len - int64_t(cf) * C : C);
-        constexpr int lpr = (KD * 2 + 127) / 128;  // lines per row
-        for (int l = slice + nslices * lane; l < 2 * rows * lpr; l += nslices * 32) {
-          const int q = l / (rows * lpr), rem = l % (rows * lpr);
-          const E* base = q ? static_cast<const E*>(p.q) + sr.b * p.qs[0] +
-                                  (tf + rem / lpr) * p.qs[1] + int64_t(h) * p.qs[2]
-                            : static_cast<const E*>(p.k) + sr.b * p.ks[0] +
-                                  (tf + rem / lpr) * p.ks[1] + int64_t(h) * p.ks[2];
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(base) +
-                                                        (rem % lpr) * 128));
-        }
-      }
-      if (lane == 0) {
-        if (ch >= 2) mbar_wait(&empty[st], unsigned((ch >> 1) + 1) & 1u);
-        const char* rec = ws + (chunk_slot(p, n, sr, ch) * p.HV + hv) * rec_bytes;
-        mbar_expect_tx(&full[st], unsigned(R::shared + C * VS * 4 + 2 * C * KD * 2));
-        bulk_load(st_rec(st), rec, unsigned(R::shared), &full[st]);
-        bulk_load(st_u0(st), rec + R::shared + int64_t(c0) * C * 4, unsigned(C * VS * 4),
-                  &full[st]);
-        const int t0 = int(sr.t0 + int64_t(ch) * C);
-        tile_load(st_k(st), &kmap, t0, h, int(sr.b), &full[st]);
-        tile_load(st_k(st) + C * KD, &qmap, t0, h, int(sr.b), &full[st]);
-      }
-      __syncwarp();
+  // Chunk ch's tiles into stage st, completing on full[st], issued by thread 0 right after the
+  // barrier that ends every read of that stage: the record's shared part (W, P, scalars) and
+  // this slice's U0 by bulk copies, the K and Q tiles by one tensor copy each (rows past the
+  // tensor's end arrive as zeros). Warp 0's lanes also ask L2 for chunk ch + kAhead's record and
+  // K / Q rows (each slice of the head a share of the 128-byte lines), so that the copies find
+  // them in L2 rather than DRAM.
+  constexpr int kAhead = 3;
+  auto issue = [&](int st, int ch) {
+    const char* rec = ws + (chunk_slot(p, n, sr, ch) * p.HV + hv) * rec_bytes;
+    mbar_expect_tx(&full[st], unsigned(R::shared + C * VS * 4 + 2 * C * KD * 2));
+    bulk_load(st_rec(st), rec, unsigned(R::shared), &full[st]);
+    bulk_load(st_u0(st), rec + R::shared + int64_t(c0) * C * 4, unsigned(C * VS * 4), &full[st]);
+    const int t0 = int(sr.t0 + int64_t(ch) * C);
+    tile_load(st_k(st), &kmap, t0, h, int(sr.b), &full[st]);
+    tile_load(st_k(st) + C * KD, &qmap, t0, h, int(sr.b), &full[st]);
+  };
+  auto prefetch_l2 = [&](int cf) {
+    const char* rf = ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes;
+    constexpr int lines = int((R::shared + 127) / 128);
+    for (int l = slice + nslices * lane; l < lines; l += nslices * 32)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(rf + l * 128));
+    const int64_t tf = sr.t0 + int64_t(cf) * C;
+    const int rows = int(sr.len - int64_t(cf) * C < C ? sr.len - int64_t(cf) * C : C);
+    constexpr int lpr = (KD * 2 + 127) / 128;  // lines per row
+    for (int l = slice + nslices * lane; l < 2 * rows * lpr; l += nslices * 32) {
+      const int q = l / (rows * lpr), rem = l % (rows * lpr);
+      const E* base = q ? static_cast<const E*>(p.q) + sr.b * p.qs[0] + (tf + rem / lpr) * p.qs[1] +
+                              int64_t(h) * p.qs[2]
+                        : static_cast<const E*>(p.k) + sr.b * p.ks[0] + (tf + rem / lpr) * p.ks[1] +
+                              int64_t(h) * p.ks[2];
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(base) +
+                                                    (rem % lpr) * 128));
     }
-    return;  // the compute warps below never wait on this warp through a CTA-wide barrier
-  }
+  };
+  if (warp == 0)
+    for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
+  if (nch > 0 && tid == 0) issue(0, 0);
 
   for (int ch = 0; ch < nch; ++ch) {
     const int st = ch & 1;
@@ -513,9 +502,9 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
         reinterpret_cast<uint4*>(st_k(st) + q * C * KD + piece * C * 8 + i * 8)[0] =
             make_uint4(0, 0, 0, 0);
       }
-    compute_sync();  // chunk ch's tiles visible to all; every compute warp is done with stage st ^
-                     // 1
-    if (ch >= 1 && tid == 0) mbar_arrive_local(&empty[st ^ 1]);
+    __syncthreads();  // chunk ch's tiles visible to all; every thread is done with stage st ^ 1
+    if (warp == 0 && ch + kAhead < nch) prefetch_l2(ch + kAhead);
+    if (tid == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
     const char* rec = st_rec(st);
     const auto* Wh = reinterpret_cast<const __nv_bfloat16*>(rec + R::wh);
     const auto* Wl = reinterpret_cast<const __nv_bfloat16*>(rec + R::wl);
@@ -597,7 +586,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
         for (int e = 0; e < 4; ++e)
           o0[nj][e] = sc[mi * 16 + g + (e >> 1) * 8] * ((d[nj][0][e] + d[nj][2][e]) + d[nj][1][e]);
     }
-    compute_sync();  // U / X split visible
+    __syncthreads();  // U / X split visible
 
     // Step 2. Warps 0-3: S <- gamma_C S + K^T X for their key-row blocks. Warps 4-7:
     // O = O0 + P U, written out.
@@ -735,7 +724,7 @@ cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const cha
   if (e != cudaSuccess) return e;
   const int64_t blocks = int64_t(p.N) * p.HV * (p.V / VS);
   chunk_wy_scan_kernel<E, KD, VS>
-      <<<dim3(unsigned(blocks)), kWyScanThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap);
+      <<<dim3(unsigned(blocks)), kWyThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap);
   return cudaGetLastError();
 }
 
