@@ -347,6 +347,13 @@ TEST(Validate, Workspace) {
   g.p.batch = 1, g.p.seq_len = 200, g.p.num_seqs = 2;
   g.p.cu_seqlens = cu, g.p.cu_seqlens_host = cu;
   EXPECT_EQ(kla_workspace_size(&g.p), std::size_t(200 / 64 + 2) * HV * per_chunk);
+  // Head dims not set: the size for the largest supported ones (256 x 256), never less than
+  // what any head dims need, so a buffer sized early serves every call.
+  Fixture u;
+  u.p.head_dim_k = 0, u.p.head_dim_v = 0;
+  constexpr std::size_t wy_max = 2 * 64 * (256 + 8) * 2 + 2 * 64 * 72 * 2 + 1024 + 64 * 256 * 4;
+  EXPECT_EQ(kla_workspace_size(&u.p), std::size_t(B) * HV * wy_max);
+  EXPECT_GE(kla_workspace_size(&u.p), need);
 }
 
 TEST(Validate, CppWrapper) {

@@ -6,10 +6,11 @@
 // η goes in fp32 (exact), α as the ABI's log decay g = ln α in fp32 (the only input the ABI
 // itself rounds). The runs use the Kaczmarz coefficient from the raw keys and the read-out
 // o = Sᵀq with scale 1, and come back as doubles: o from the storage dtype the kernel writes it
-// in, the final state from fp32. Head dimensions that are not a multiple of 16 (the kernels'
-// granularity) are zero-padded: zero key, query and value components contribute exact zeros to
-// every product and leave the padded state rows and columns at 0, so the padded run is the same
-// computation on the same values.
+// in, the final state from fp32. Head dimensions are zero-padded, the key dimension to at least
+// 64 (so that bf16 / fp16 prefill takes the production WY path of Hopper GPUs, whose key dims
+// are 64 / 96 / 128; docs/api.md) and both to a multiple of 16 (the kernels' granularity): zero
+// key, query and value components contribute exact zeros to every product and leave the padded
+// state rows and columns at 0, so the padded run is the same computation on the same values.
 //
 // Built with kla::cuda when the CMake option KLA_REPORT_CUDA is on (KLA_REPORT_CUDA=1 defined);
 // otherwise make_cuda_backends() only says why there are no CUDA columns.
@@ -75,6 +76,10 @@ void to_host(void* dst, const void* src, size_t bytes, cudaStream_t s) {
 
 int pad16(int n) {
   return (n + 15) / 16 * 16;
+}
+/// Key dim as run: at least 64 (see the file comment), a multiple of 16.
+int pad_key(int n) {
+  return n <= 64 ? 64 : pad16(n);
 }
 
 size_t dtype_bytes(kla_dtype d) {
@@ -145,7 +150,7 @@ struct DeviceInputs {
       : T(p.T),
         dk(p.dk),
         dv(p.dv),
-        Kp(pad16(p.dk)),
+        Kp(pad_key(p.dk)),
         Vp(pad16(p.dv)),
         dtype(d),
         q(size_t(p.T) * Kp * dtype_bytes(d)),
@@ -216,7 +221,8 @@ class CudaBackend final : public Backend {
             "written in " +
                 name_ +
                 ", final state in fp32; alpha passed as g = ln(alpha) in fp32; head dims padded "
-                "with zeros to a multiple of 16 (exact)"};
+                "with zeros (exact): dk to at least 64 (the WY prefill path on Hopper), both to a "
+                "multiple of 16"};
   }
   double unit_roundoff() const override { return std::ldexp(1.0, -24); }
   bool supports(const Algo& a) const override {
