@@ -198,6 +198,28 @@ void add_case(Case& c, std::vector<Job>& jobs) {
       {&c, Storage::fp64, nullptr, {}, &c.truth_unrounded, job_cost(c.raw, nullptr, {})});
 }
 
+/// One column's run of one case: which case, backend and algorithm, a tag naming the case's row
+/// in its section (decay, key family, ...), and the result.
+template <class Tag>
+struct Run {
+  const Case* c;
+  const Backend* b;
+  Algo a;
+  Tag tag;
+  RunResult r;
+};
+/// Queues case c on every backend for every algorithm it supports, one Run each.
+template <class Tag>
+void queue_runs(Case& c, const Backends& bk, const std::vector<Algo>& algos, const Tag& tag,
+                std::vector<std::unique_ptr<Run<Tag>>>& runs, std::vector<Job>& jobs) {
+  for (const auto& b : bk)
+    for (const Algo& a : algos) {
+      if (!b->supports(a)) continue;
+      runs.push_back(std::make_unique<Run<Tag>>(Run<Tag>{&c, b.get(), a, tag, {}}));
+      jobs.push_back({&c, b->storage(), b.get(), a, &runs.back()->r, job_cost(c.raw, b.get(), a)});
+    }
+}
+
 // ---- report assembly --------------------------------------------------------------------------
 
 struct Section {
@@ -291,18 +313,16 @@ std::string eps_storage_table(const Config& cfg, const std::string& dir) {
   return md_table({"eps", "as fp32", "as bf16", "as fp16"}, rows);
 }
 
+/// §2's row tag: the stabiliser and the nominal key norm of a case.
+struct EpsKnorm {
+  double eps, kn;
+};
+
 Section section2(const Config& cfg, const Backends& bk, const std::string& dir, Sweep& sw) {
   sw.algos = {Algo{false, 64, false}, Algo{true, 64, false}, Algo{true, 64, true}};
   std::vector<std::unique_ptr<Case>> cases;
   std::vector<Job> jobs;
-  struct Slot {
-    const Case* c;
-    const Backend* b;
-    Algo a;
-    double eps, kn;
-    RunResult r;
-  };
-  std::vector<std::unique_ptr<Slot>> slots;
+  std::vector<std::unique_ptr<Run<EpsKnorm>>> slots;
   for (double eps : cfg.eps_list)
     for (double kn : cfg.knorms) {
       auto c = std::make_unique<Case>();
@@ -311,13 +331,7 @@ Section section2(const Config& cfg, const Backends& bk, const std::string& dir, 
                     mix_seed(cfg.seed, 2, std::uint64_t(kn * 1e6)));
       c->eps = eps;
       add_case(*c, jobs);
-      for (const auto& b : bk)
-        for (const Algo& a : sw.algos) {
-          if (!b->supports(a)) continue;
-          slots.push_back(std::make_unique<Slot>(Slot{c.get(), b.get(), a, eps, kn, {}}));
-          jobs.push_back(
-              {c.get(), b->storage(), b.get(), a, &slots.back()->r, job_cost(c->raw, b.get(), a)});
-        }
+      queue_runs(*c, bk, sw.algos, EpsKnorm{eps, kn}, slots, jobs);
       cases.push_back(std::move(c));
     }
   run_jobs(jobs, "§2 eps x key norm x dtype", cfg.threads);
@@ -336,9 +350,10 @@ Section section2(const Config& cfg, const Backends& bk, const std::string& dir, 
       for (double& x : rounded) x = round_to(s.b->storage(), x);
       cell.floor = rel_rms(rounded, s.c->truth.at(s.b->storage()).o).rel;
     }
-    sw.cells[{s.b->id(), s.a.label(), s.eps, s.kn}] = cell;
-    csv.row({s.b->id(), s.a.label(), num(s.eps), num(s.kn), num(cell.err.rel), num(cell.incl),
-             num(cell.state), std::to_string(cell.err.nonfinite), std::to_string(s.r.o.size())});
+    sw.cells[{s.b->id(), s.a.label(), s.tag.eps, s.tag.kn}] = cell;
+    csv.row({s.b->id(), s.a.label(), num(s.tag.eps), num(s.tag.kn), num(cell.err.rel),
+             num(cell.incl), num(cell.state), std::to_string(cell.err.nonfinite),
+             std::to_string(s.r.o.size())});
   }
 
   // Finding: where NaN/Inf occur, and the errors at the typical point |k| = 1, eps = 1e-6.
@@ -631,14 +646,7 @@ Section section4(const Config& cfg, const Backends& bk, const std::string& dir) 
   const double eps = 1e-6;
   std::vector<std::unique_ptr<Case>> cases;
   std::vector<Job> jobs;
-  struct Slot {
-    const Case* c;
-    const Backend* b;
-    Algo a;
-    std::string decay;
-    RunResult r;
-  };
-  std::vector<std::unique_ptr<Slot>> slots;
+  std::vector<std::unique_ptr<Run<std::string>>> slots;
   for (size_t di = 0; di < kDecays.size(); ++di) {
     auto c = std::make_unique<Case>();
     Draw d;
@@ -653,13 +661,7 @@ Section section4(const Config& cfg, const Backends& bk, const std::string& dir) 
     c->raw = draw(d, mix_seed(cfg.seed, 4, di));
     c->eps = eps;
     add_case(*c, jobs);
-    for (const auto& b : bk)
-      for (const Algo& a : algos) {
-        if (!b->supports(a)) continue;
-        slots.push_back(std::make_unique<Slot>(Slot{c.get(), b.get(), a, kDecays[di].name, {}}));
-        jobs.push_back(
-            {c.get(), b->storage(), b.get(), a, &slots.back()->r, job_cost(c->raw, b.get(), a)});
-      }
+    queue_runs(*c, bk, algos, std::string(kDecays[di].name), slots, jobs);
     cases.push_back(std::move(c));
   }
   run_jobs(jobs, "§4 error vs sequence length", cfg.threads);
@@ -675,9 +677,9 @@ Section section4(const Config& cfg, const Backends& bk, const std::string& dir) 
       const size_t n = size_t(T) * s.c->raw.dv;
       const ErrorStat e = rel_rms(s.r.o, s.c->truth.at(s.b->storage()).o, n);
       const double incl = rel_rms(s.r.o, s.c->truth_unrounded.o, n).rel;
-      csv.row({s.b->id(), s.a.label(), s.decay, std::to_string(T), num(e.rel), num(incl),
+      csv.row({s.b->id(), s.a.label(), s.tag, std::to_string(T), num(e.rel), num(incl),
                std::to_string(e.nonfinite), num(s.b->unit_roundoff())});
-      curves[{s.b->id(), s.a.label(), s.decay}].push_back(e.rel);
+      curves[{s.b->id(), s.a.label(), s.tag}].push_back(e.rel);
     }
   // Growth exponent: least-squares slope of log(error) against log(T).
   auto slope = [&](const std::vector<double>& e) {
@@ -772,14 +774,7 @@ Section section5(const Config& cfg, const Backends& bk, const std::string& dir, 
   }
   std::vector<std::unique_ptr<Case>> cases;
   std::vector<Job> jobs;
-  struct Slot {
-    const Case* c;
-    const Backend* b;
-    Algo a;
-    std::string fam;
-    RunResult r;
-  };
-  std::vector<std::unique_ptr<Slot>> slots;
+  std::vector<std::unique_ptr<Run<std::string>>> slots;
   for (size_t fi = 0; fi < fams.size(); ++fi) {
     auto c = std::make_unique<Case>();
     Draw d;
@@ -792,13 +787,7 @@ Section section5(const Config& cfg, const Backends& bk, const std::string& dir, 
     c->raw = draw(d, mix_seed(cfg.seed, 5, fi));
     c->eps = 1e-6;
     add_case(*c, jobs);
-    for (const auto& b : bk)
-      for (const Algo& a : algos) {
-        if (!b->supports(a)) continue;
-        slots.push_back(std::make_unique<Slot>(Slot{c.get(), b.get(), a, fams[fi].name, {}}));
-        jobs.push_back(
-            {c.get(), b->storage(), b.get(), a, &slots.back()->r, job_cost(c->raw, b.get(), a)});
-      }
+    queue_runs(*c, bk, algos, std::string(fams[fi].name), slots, jobs);
     cases.push_back(std::move(c));
   }
   run_jobs(jobs, "§5 forms and orders", cfg.threads);
@@ -810,8 +799,8 @@ Section section5(const Config& cfg, const Backends& bk, const std::string& dir, 
   for (const auto& sp : slots) {
     const auto& s = *sp;
     const ErrorStat e = rel_rms(s.r.o, s.c->truth.at(s.b->storage()).o);
-    err[{s.b->id(), s.fam, s.a.label()}] = e;
-    csv.row({s.b->id(), s.fam, s.a.normalized ? "normalized" : "raw",
+    err[{s.b->id(), s.tag, s.a.label()}] = e;
+    csv.row({s.b->id(), s.tag, s.a.normalized ? "normalized" : "raw",
              s.a.chunked ? "chunkwise" : "tokenwise", s.a.chunked ? std::to_string(s.a.chunk) : "1",
              num(e.rel), std::to_string(e.nonfinite)});
   }
@@ -999,14 +988,7 @@ Section section6(const Config& cfg, const Backends& bk, const std::string& dir) 
                                    Algo{true, 64, true}};
   std::vector<std::unique_ptr<Case>> cases;
   std::vector<Job> jobs;
-  struct Slot {
-    const Case* c;
-    const Backend* b;
-    Algo a;
-    size_t stress;
-    RunResult r;
-  };
-  std::vector<std::unique_ptr<Slot>> slots;
+  std::vector<std::unique_ptr<Run<size_t>>> slots;
   for (size_t si = 0; si < stresses.size(); ++si) {
     auto c = std::make_unique<Case>();
     Draw d;
@@ -1020,13 +1002,7 @@ Section section6(const Config& cfg, const Backends& bk, const std::string& dir) 
     stresses[si].apply(c->raw, rng);
     c->eps = stresses[si].eps;
     add_case(*c, jobs);
-    for (const auto& b : bk)
-      for (const Algo& a : algos) {
-        if (!b->supports(a)) continue;
-        slots.push_back(std::make_unique<Slot>(Slot{c.get(), b.get(), a, si, {}}));
-        jobs.push_back(
-            {c.get(), b->storage(), b.get(), a, &slots.back()->r, job_cost(c->raw, b.get(), a)});
-      }
+    queue_runs(*c, bk, algos, si, slots, jobs);
     cases.push_back(std::move(c));
   }
   run_jobs(jobs, "§6 stress inputs", cfg.threads);
@@ -1039,12 +1015,12 @@ Section section6(const Config& cfg, const Backends& bk, const std::string& dir) 
   for (const auto& sp : slots) {
     const auto& s = *sp;
     const ErrorStat e = rel_rms(s.r.o, s.c->truth.at(s.b->storage()).o);
-    csv.row({stresses[s.stress].name, num(s.c->eps), s.b->id(), s.a.label(), num(e.rel),
+    csv.row({stresses[s.tag].name, num(s.c->eps), s.b->id(), s.a.label(), num(e.rel),
              std::to_string(e.nonfinite)});
-    cells[{s.stress, s.b->id(), s.a.label()}] = e.nonfinite ? "NaN/Inf" : fmt(e.rel);
-    if (e.nonfinite) nan_cases[s.b->id()].insert(s.stress);
+    cells[{s.tag, s.b->id(), s.a.label()}] = e.nonfinite ? "NaN/Inf" : fmt(e.rel);
+    if (e.nonfinite) nan_cases[s.b->id()].insert(s.tag);
     auto& w = worst[s.b->id()];
-    if (s.stress > 0 && (w.second == 0 || !(e.rel <= w.first))) w = {e.rel, s.stress};
+    if (s.tag > 0 && (w.second == 0 || !(e.rel <= w.first))) w = {e.rel, s.tag};
   }
   std::vector<std::string> parts;
   for (const auto& b : bk) {
