@@ -64,10 +64,6 @@ __device__ __forceinline__ void ldsm4_t(uint32_t (&r)[4], const void* p) {
 __device__ __forceinline__ int frag_a(int P, int r0, int k0, int lane) {
   return (r0 + (lane & 15)) * P + k0 + (lane >> 4) * 8;
 }
-// A (16 x 16) at (m0, k0) of a matrix stored transposed, [k][m] (use with ldsm4_t).
-__device__ __forceinline__ int frag_a_t(int P, int m0, int k0, int lane) {
-  return (k0 + (lane >> 4) * 8 + (lane & 7)) * P + m0 + ((lane >> 3) & 1) * 8;
-}
 // Two B tiles (k 16 x n 8, n-tiles n0 and n0+8) of a [n][k] matrix (use with ldsm4):
 // r0, r1 = b0, b1 of the first n-tile, r2, r3 of the second.
 __device__ __forceinline__ int frag_b_nk(int P, int k0, int n0, int lane) {
@@ -78,13 +74,20 @@ __device__ __forceinline__ int frag_b_kn(int P, int k0, int n0, int lane) {
   return (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + n0 + (lane >> 4) * 8;
 }
 
-// The same two A shapes for a 64-row tile stored as 16-byte pieces, [K/8][64][8] (the layout one
-// TMA box gives: the 8 rows of an 8 x 8 matrix are 128 contiguous bytes, free of bank conflicts).
-__device__ __forceinline__ int frag_a_pieces(int r0, int k0, int lane) {
-  return ((k0 >> 3) + (lane >> 4)) * (64 * 8) + (r0 + (lane & 15)) * 8;
+// 64-row tiles of 16-bit elements as the 128-byte TMA swizzle leaves them: panels of 64 columns,
+// [ceil(cols/64)][64 rows][128 B], the 16-byte piece c of row r stored at piece c ^ (r % 8) (so
+// the 8 rows of an 8 x 8 ldmatrix matrix hit 8 different bank groups). Element offset of (row,
+// col) for col a multiple of 8; the panel base must be 1024-byte aligned.
+__device__ __forceinline__ int swz128(int row, int col) {
+  return (col >> 6) * (64 * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3);
 }
-__device__ __forceinline__ int frag_a_t_pieces(int m0, int k0, int lane) {
-  return ((m0 >> 3) + ((lane >> 3) & 1)) * (64 * 8) + (k0 + (lane >> 4) * 8 + (lane & 7)) * 8;
+// A (16 x 16) at (r0, k0) of a swizzled [row][k] tile (use with ldsm4).
+__device__ __forceinline__ int frag_a_swz(int r0, int k0, int lane) {
+  return swz128(r0 + (lane & 15), k0 + (lane >> 4) * 8);
+}
+// A (16 x 16) at (m0, k0) of the transpose of a swizzled [k][m] tile (use with ldsm4_t).
+__device__ __forceinline__ int frag_a_t_swz(int m0, int k0, int lane) {
+  return swz128(k0 + (lane >> 4) * 8 + (lane & 7), m0 + ((lane >> 3) & 1) * 8);
 }
 
 /// x, y -> hi = bf16x2(x, y), lo = bf16x2(x - hi.x, y - hi.y), both round to nearest; x is the
@@ -122,13 +125,14 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
-/// One box of a 5-d tensor map at coordinates (0, t, 0, h, b) into shared memory (128 B aligned).
-__device__ __forceinline__ void tile_load(void* dst, const void* map, int t, int h, int b,
+/// One box of a 4-d tensor map at coordinates (k0, t, h, b) into shared memory (aligned as the
+/// map's swizzle requires).
+__device__ __forceinline__ void tile_load(void* dst, const void* map, int k0, int t, int h, int b,
                                           uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-      "%3, %4, %5, %6}], [%7];\n" ::"r"(smem_addr(dst)),
-      "l"(map), "r"(0), "r"(t), "r"(0), "r"(h), "r"(b), "r"(smem_addr(bar))
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4, %5}], [%6];\n" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(k0), "r"(t), "r"(h), "r"(b), "r"(smem_addr(bar))
       : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {

@@ -2,27 +2,31 @@
 // fp32 intermediate split into hi + lo, the scan reduced to the state-dependent products.
 //
 // Same mathematics as chunk_fast.cuh (SPEC §1 chunk form in the normalised-key form, chunks of
-// C = 64), with the chunk system solved ahead of the scan (paper App. B, WY form):
-//   U = T diag(beta kscale) (V - D_gamma K S) = U0 - W S,
-//   U0 = T diag(beta kscale) V,   W = T diag(beta kscale gamma) K          (per chunk, no S)
-//   O  = diag(gamma qscale) Q S + P U
+// C = 64), with the chunk system's inverse formed ahead of the scan (paper App. B, WY form):
+//   R = diag(beta kscale) (V - D_gamma K S)           (the chunk's innovation, needs S)
+//   U = T R,   T = (I + B(A^- o K^K^T))^-1            (per chunk, no S)
+//   O = diag(gamma qscale) Q S + (P T) R,   P = the masked read-out matrix
 //   S <- gamma_C S + K^T diag(kscale gamma_C / gamma_j) U
 //
 //  1. chunk_wy_prep_kernel, fully parallel over (sequence, chunk, value head): the per-token
-//     scalars and T = (I + B(A^- o K^K^T))^-1 exactly as the TF32 path (fp32, blocked inverse),
-//     then W, U0 and P on the tensor cores into the workspace record (workspace.hpp).
+//     scalars, T exactly as the TF32 path (fp32, blocked inverse) and P T in fp32, written split
+//     into the workspace record (workspace.hpp), 38 KB whatever the head dims.
 //  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 16 or 32 value columns),
-//     chunks in order. Warps 0-3 own U = U0 - W S (row block w) and the state update of key-row
-//     blocks w, w+4 (the fp32 state slice lives in their accumulator registers); warps 4-7 own
-//     the read-out of row block w-4. Two barriers per chunk; the next chunk's record (W, P,
-//     scalars) and U0 slice arrive by bulk copies and its K and Q tiles by one TMA box each, into
-//     a two-stage ring, while the current chunk computes.
+//     chunks in order, three steps between barriers:
+//       step 1: warps 0-3 R = diag(cu) V - diag(cw) K S (row block w), warps 4-7 Q S;
+//       step 2: warps 0-3 X = diag(update) T R, warps 4-7 O = diag(gamma qscale) Q S + (P T) R;
+//       step 3: warp w the state's key-row block w: S <- gamma_C S + K^T X (fp32 accumulators
+//               in registers).
+//     The next chunk's record and its K, Q and V tiles arrive by one bulk copy and tensor copies
+//     (128-byte swizzled K / Q boxes) into a two-stage ring while the current chunk computes;
+//     a ninth warp issues them (and L2 prefetches further ahead) right after the barrier that
+//     frees the stage, off the compute warps' path.
 //
 // Precision. The products run as mma.sync m16n8k16 bf16 with fp32 accumulation. Raw bf16
 // inputs are exact operands; fp16 inputs enter as bf16 hi + lo (exact); fp32 intermediates
-// (S, U, W, T, P) as hi = bf16(x), lo = bf16(x - hi), 16 significant bits together, and a
+// (S, R, T, P T) as hi = bf16(x), lo = bf16(x - hi), 16 significant bits together, and a
 // product of two split operands keeps hi*hi + hi*lo + lo*hi (relative error ~2^-16, far below
-// the bf16 / fp16 storage roundoff that bounds the outputs). The inverse stays fp32 (see
+// the bf16 / fp16 storage roundoff that bounds the outputs). The inverse and P T stay fp32 (see
 // prefill_notes.md: a low-precision inverse is a known weak point). Deterministic: fixed
 // orders, no atomics.
 #pragma once
@@ -37,25 +41,29 @@
 
 namespace kla::kernels {
 
-constexpr int kWyThreads = 256;
-constexpr int kWyPP = kFC + 8;               // pitch (elements) of 64-wide bf16 tiles
-constexpr int kWyScOff = 64, kWyGend = 128;  // scalars: [0,64) gamma*qscale, [64,128) update
+// KLA_WY_PROFILE (a development build only): block 0 of the scan prints the cycles per chunk
+// that warps 0 and 4 spend in each phase.
+#ifdef KLA_WY_PROFILE
+#define KLA_WY_MARK(k) \
+  if (prof_on) prof[k] += clock64() - prof_t, prof_t = clock64()
+#else
+#define KLA_WY_MARK(k)
+#endif
 
-/// Byte offsets inside one WY record for key dim KD (must agree with workspace.hpp).
-template <int KD>
+constexpr int kWyThreads = 256;  // prep; the scan's compute warps
+constexpr int kWyScanThreads = kWyThreads + 32;  // + warp 8: issues the scan's copies
+constexpr int kWyPP = kFC + 8;  // pitch (elements) of the record's 64 x 64 bf16 tiles
+// Record scalars (floats): [0,64) gamma qscale, [64,128) update scale kscale gamma_L / gamma_i
+// (0 past the chunk end), [128] gamma_L, [256,320) beta kscale, [320,384) beta kscale gamma.
+constexpr int kWyScUpd = 64, kWyGend = 128, kWyColU = 256, kWyColW = 320, kWyScalars = 512;
+
+/// Byte offsets inside one WY record (must agree with workspace.hpp).
 struct WyRecord {
-  static constexpr int KP = KD + 8;  // pitch (elements) of K-wide bf16 tiles
-  static constexpr int64_t w_bytes = int64_t(kFC) * KP * 2;
-  static constexpr int64_t p_bytes = int64_t(kFC) * kWyPP * 2;
-  static constexpr int64_t wh = 0, wl = w_bytes, ph = 2 * w_bytes, pl = ph + p_bytes,
-                           sc = pl + p_bytes, shared = sc + 1024;
-  static_assert(shared == kla::detail::wy_shared_bytes(KD), "workspace.hpp layout");
+  static constexpr int64_t tile = int64_t(kFC) * kWyPP * 2;
+  static constexpr int64_t th = 0, tl = tile, ph = 2 * tile, pl = 3 * tile, sc = 4 * tile,
+                           bytes = sc + kWyScalars * 4;
+  static_assert(bytes == kla::detail::kWyRecordBytes, "workspace.hpp layout");
 };
-
-template <int KD>
-__host__ __device__ constexpr bool wy_head_dim_ok() {
-  return KD == 64 || KD == 96 || KD == 128;
-}
 
 /// Issues cp.async copies of rows [0, kFC) of a [.., T, head, ncols] tensor (row stride rs, first
 /// row at src) into dst (pitch DP elements); rows >= L are zero-filled. Not committed. Thread
@@ -89,71 +97,22 @@ struct RawFrag {
     }
   }
 };
-/// Raw B pair (two n-tiles, regs r0..r3) as bf16 parts.
-template <class E>
-__device__ __forceinline__ void raw_b_parts(const uint32_t (&r)[4], uint32_t (&hi)[4],
-                                            uint32_t (&lo)[4]) {
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if constexpr (std::is_same_v<E, __half>)
-      split_f16x2(r[e], hi[e], lo[e]);
-    else
-      hi[e] = r[e], lo[e] = 0u;
-  }
-}
 
 // ---- pass 1: per-chunk preparation ----------------------------------------------------------
 
 template <int KD>
-__host__ __device__ constexpr int64_t wy_prep_region_bytes() {
-  constexpr int64_t q = int64_t(kFC) * (KD + 8) * 2, l = int64_t(kFC) * kMP * 4,
-                    t = 2LL * kFC * kWyPP * 2;
-  return q > l ? (q > t ? q : t) : (l > t ? l : t);
-}
-template <int KD>
-__host__ __device__ inline int64_t wy_prep_smem_bytes(int V) {
-  return int64_t(kFC) * (KD + 8) * 2 + int64_t(kFC) * (V + 8) * 2 + wy_prep_region_bytes<KD>() +
-         (int64_t(kFC) * (kFC + 1) + 3 * 256) * 4 + 7LL * kFC * 4;
-}
-
-/// D (two n-tiles of row block mi) = A_split (hi, lo: bf16 [64][kWyPP], lower triangular, so
-/// k < 16 (mi + 1)) times a raw E matrix B [64][BP] at columns n0..n0+15, into dst as fp32 via
-/// store(i, c, x0, x1) for the pairs (i, c), (i, c + 1).
-template <class E, class Store>
-__device__ __forceinline__ void tri_times_raw(const __nv_bfloat16* Ah, const __nv_bfloat16* Al,
-                                              const E* B, int BP, int mi, int n0, Store store) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  float d[2][3][4] = {};
-  for (int ks = 0; ks <= mi; ++ks) {
-    uint32_t ah[4], al[4], br[4], bh[4], bl[4];
-    ldsm4(ah, Ah + frag_a(kWyPP, mi * 16, ks * 16, lane));
-    ldsm4(al, Al + frag_a(kWyPP, mi * 16, ks * 16, lane));
-    ldsm4_t(br, B + frag_b_kn(BP, ks * 16, n0, lane));
-    raw_b_parts<E>(br, bh, bl);
-#pragma unroll
-    for (int nj = 0; nj < 2; ++nj) {
-      mma_bf16(d[nj][0], ah, bh[2 * nj], bh[2 * nj + 1]);
-      mma_bf16(d[nj][1], al, bh[2 * nj], bh[2 * nj + 1]);
-      if constexpr (std::is_same_v<E, __half>) mma_bf16(d[nj][2], ah, bl[2 * nj], bl[2 * nj + 1]);
-    }
-  }
-#pragma unroll
-  for (int nj = 0; nj < 2; ++nj)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-      store(mi * 16 + g + hr * 8, n0 + nj * 8 + 2 * t4,
-            (d[nj][0][2 * hr] + d[nj][2][2 * hr]) + d[nj][1][2 * hr],
-            (d[nj][0][2 * hr + 1] + d[nj][2][2 * hr + 1]) + d[nj][1][2 * hr + 1]);
+__host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
+  constexpr int64_t kq = int64_t(kFC) * (KD + 8) * 2, l = int64_t(kFC) * kMP * 4;
+  return kq + (kq > l ? kq : l) + (int64_t(kFC) * (kFC + 1) + 3 * 256 + 7 * kFC) * 4;
 }
 
 template <class E, int KD>
 __global__ void __launch_bounds__(kWyThreads)
     chunk_wy_prep_kernel(const KernelParams p, char* __restrict__ ws) {
-  using R = WyRecord<KD>;
+  using R = WyRecord;
   constexpr int C = kFC, KP = KD + 8, TP = kFC + 1;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
-  const int V = p.V, VP = V + 8;
   const int c = int(blockIdx.x), hv = int(blockIdx.y), n = int(blockIdx.z);
   const SeqRange sr = seq_range(p, n);
   const int64_t cs = int64_t(c) * C;
@@ -162,38 +121,35 @@ __global__ void __launch_bounds__(kWyThreads)
   const int64_t tb = sr.t0 + cs;
   const int h = hv / (p.HV / p.H);
 
-  E* Kr = reinterpret_cast<E*>(smem);                   // [C][KP] raw keys
-  E* Vr = Kr + C * KP;                                  // [C][VP] raw values
-  char* region = reinterpret_cast<char*>(Vr + C * VP);  // Q, then lm, then T split
-  E* Qr = reinterpret_cast<E*>(region);                 // [C][KP] raw queries
-  float* lm = reinterpret_cast<float*>(region);         // [C][kMP] B(A^- o K^K^T)
-  auto* Th = reinterpret_cast<__nv_bfloat16*>(region);  // [C][kWyPP] T diag(..) split
-  __nv_bfloat16* Tl = Th + C * kWyPP;
-  float* tm = reinterpret_cast<float*>(region + wy_prep_region_bytes<KD>());  // [C][TP] T
+  constexpr int64_t kq_bytes = int64_t(C) * KP * 2, l_bytes = int64_t(C) * kMP * 4;
+  E* Kr = reinterpret_cast<E*>(smem);              // [C][KP] raw keys
+  char* region = smem + kq_bytes;                  // Q, then lm, then P
+  E* Qr = reinterpret_cast<E*>(region);            // [C][KP] raw queries
+  float* lm = reinterpret_cast<float*>(region);    // [C][kMP] B(A^- o K^K^T)
+  float* Pf = lm;                                  // [C][kMP] P (after the inverse)
+  float* tm = reinterpret_cast<float*>(region + (kq_bytes > l_bytes ? kq_bytes : l_bytes));
   float* X = tm + C * TP;  // [3][256] inverse scratch
   float* ksc = X + 3 * 256;
   float* bet = ksc + C;
   float* qsc = bet + C;
   float* Gv = qsc + C;
-  float* kn2 = Gv + C;       // squared key norms
-  float* col_w = kn2 + C;    // beta kscale gamma: T's column scale for W
-  float* col_u = col_w + C;  // beta kscale: for U0
+  float* kn2 = Gv + C;  // squared key norms
+  static_assert(wy_prep_smem_bytes<KD>() ==
+                    kq_bytes + (kq_bytes > l_bytes ? kq_bytes : l_bytes) +
+                        (int64_t(C) * TP + 3 * 256 + 5 * C) * 4 + 2 * C * 4,
+                "prep shared layout");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const E* kb = static_cast<const E*>(p.k) + sr.b * p.ks[0] + tb * p.ks[1] + int64_t(h) * p.ks[2];
   const E* qb = static_cast<const E*>(p.q) + sr.b * p.qs[0] + tb * p.qs[1] + int64_t(h) * p.qs[2];
-  const E* vb = static_cast<const E*>(p.v) + sr.b * p.vs[0] + tb * p.vs[1] + int64_t(hv) * p.vs[2];
   load_rows_async(Kr, KP, kb, p.ks[1], L, KD);
   load_rows_async(Qr, KP, qb, p.qs[1], L, KD);
-  load_rows_async(Vr, VP, vb, p.vs[1], L, V);
   cp_commit();
   cp_wait<0>();
   __syncthreads();
 
   char* rec = ws + (chunk_slot(p, n, sr, c) * p.HV + hv) * (p.ws_record_floats * 4);
-  auto* Pg_h = reinterpret_cast<uint32_t*>(rec + R::ph);  // as bf16 pairs, pitch kWyPP / 2
-  auto* Pg_l = reinterpret_cast<uint32_t*>(rec + R::pl);
   // K K^T and Q K^T on the 10 lower 16 x 16 tiles each (raw inputs exact in the instruction).
   // Unit u < 10: K K^T tile, else Q K^T tile; tile tl -> (row block mi, column block nb <= mi).
   auto unit_tile = [](int u, bool& isq, int& mi, int& nb) {
@@ -243,107 +199,118 @@ __global__ void __launch_bounds__(kWyThreads)
   }
   __syncthreads();
   chunk_token_scalars(p, sr, tb, L, hv, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2);  // + barrier
-  if (tid < C) {  // column scales of T for W and U0
-    const float s = bet[tid] * ksc[tid];
-    col_u[tid] = s;
-    col_w[tid] = s * __expf(Gv[tid]);
-  }
+  // The masked, scaled tiles: K K^T -> lm now (the inverse's input), Q K^T -> P after the
+  // inverse (lm's storage; the accumulators wait in registers).
+  auto epilogue = [&](bool want_q, float* dst) {
 #pragma unroll
-  for (int k = 0; k < 3; ++k) {
-    const int u = warp + 8 * k;
-    if (u >= 20) break;
+    for (int k = 0; k < 3; ++k) {
+      const int u = warp + 8 * k;
+      if (u >= 20) break;
+      bool isq;
+      int mi, nb;
+      unit_tile(u, isq, mi, nb);
+      if (isq != want_q) continue;
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int i = mi * 16 + g + hr * 8, j = nb * 16 + nj * 8 + 2 * t4;
+          float x[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int jj = j + e;
+            const float gam = jj <= i ? __expf(Gv[i] - Gv[jj]) : 0.f;
+            const float dot = acc[k][nj][2 * hr + e];
+            x[e] = isq ? (jj <= i ? qsc[i] * gam * ksc[jj] * dot : 0.f)
+                       : (jj < i ? bet[i] * gam * (ksc[i] * ksc[jj]) * dot : 0.f);
+          }
+          *reinterpret_cast<float2*>(dst + i * kMP + j) = make_float2(x[0], x[1]);
+        }
+    }
+  };
+  epilogue(false, lm);
+  __syncthreads();
+  invert_unit_lower(lm, tm, X);  // + barrier
+  epilogue(true, Pf);
+  __syncthreads();
+
+  // T split into the record: row i, 8-column group u8 (8: the pitch padding), 16-byte stores in
+  // record order (coalesced). T is read only on and below the diagonal blocks, where tm is valid
+  // (zeros above the diagonal inside them). P T's groups above the diagonal blocks and its
+  // padding are zeros, written the same way.
+  for (int idx = tid; idx < 2 * C * 9; idx += kWyThreads) {
+    const bool isp = idx >= C * 9;
+    const int r = isp ? idx - C * 9 : idx, i = r / 9, u8 = r - (r / 9) * 9, j0 = u8 * 8;
+    const bool live = u8 < 8 && (j0 >> 4) <= (i >> 4);
+    if (isp && live) continue;  // P T's lower blocks: the tensor-core units below
+    float x[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = live ? tm[i * TP + j0 + e] : 0.f;
+    uint4 hi, lo;
+    split_bf16x2(x[0], x[1], hi.x, lo.x);
+    split_bf16x2(x[2], x[3], hi.y, lo.y);
+    split_bf16x2(x[4], x[5], hi.z, lo.z);
+    split_bf16x2(x[6], x[7], hi.w, lo.w);
+    const int64_t off = (int64_t(i) * kWyPP + j0) * 2;
+    *reinterpret_cast<uint4*>(rec + (isp ? R::ph : R::th) + off) = hi;
+    *reinterpret_cast<uint4*>(rec + (isp ? R::pl : R::tl) + off) = lo;
+  }
+  // P T on the 10 lower 16 x 16 tiles (mi, nb): sum over k-blocks nb..mi of P_(mi,ks) T_(ks,nb),
+  // fp32 operands split into bf16 hi + lo as they are loaded (hi hi + hi lo + lo hi).
+  for (int u = warp; u < 10; u += kWyThreads / 32) {
     bool isq;
     int mi, nb;
     unit_tile(u, isq, mi, nb);
+    float d[2][3][4] = {};
+    for (int ks = nb; ks <= mi; ++ks) {
+      uint32_t ah[4], al[4];
 #pragma unroll
-    for (int nj = 0; nj < 2; ++nj)
+      for (int e = 0; e < 4; ++e) {  // a0 (g, 2t), a1 (g+8, 2t), a2 (g, 2t+8), a3 (g+8, 2t+8)
+        const float2 x = *reinterpret_cast<const float2*>(
+            Pf + (mi * 16 + g + (e & 1) * 8) * kMP + ks * 16 + 2 * t4 + (e >> 1) * 8);
+        split_bf16x2(x.x, x.y, ah[e], al[e]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        uint32_t bh[2], bl[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+          const int k = ks * 16 + 2 * t4 + e * 8, col = nb * 16 + nt * 8 + g;
+          split_bf16x2(tm[k * TP + col], tm[(k + 1) * TP + col], bh[e], bl[e]);
+        }
+        mma_bf16(d[nt][0], ah, bh[0], bh[1]);
+        mma_bf16(d[nt][1], ah, bl[0], bl[1]);
+        mma_bf16(d[nt][2], al, bh[0], bh[1]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int i = mi * 16 + g + hr * 8, j = nb * 16 + nj * 8 + 2 * t4;
-        float x[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int jj = j + e;
-          const float gam = jj <= i ? __expf(Gv[i] - Gv[jj]) : 0.f;
-          const float dot = acc[k][nj][2 * hr + e];
-          x[e] = isq ? (jj <= i ? qsc[i] * gam * ksc[jj] * dot : 0.f)
-                     : (jj < i ? bet[i] * gam * (ksc[i] * ksc[jj]) * dot : 0.f);
-        }
-        if (isq) {
-          uint32_t hi, lo;
-          split_bf16x2(x[0], x[1], hi, lo);
-          Pg_h[(i * kWyPP + j) / 2] = hi;
-          Pg_l[(i * kWyPP + j) / 2] = lo;
-        } else {
-          lm[i * kMP + j] = x[0];
-          lm[i * kMP + j + 1] = x[1];
-        }
+        const int i = mi * 16 + g + hr * 8, j = nb * 16 + nt * 8 + 2 * t4;
+        uint32_t hi, lo;
+        split_bf16x2(d[nt][0][2 * hr] + (d[nt][1][2 * hr] + d[nt][2][2 * hr]),
+                     d[nt][0][2 * hr + 1] + (d[nt][1][2 * hr + 1] + d[nt][2][2 * hr + 1]), hi, lo);
+        const int64_t off = (int64_t(i) * kWyPP + j) * 2;
+        *reinterpret_cast<uint32_t*>(rec + R::ph + off) = hi;
+        *reinterpret_cast<uint32_t*>(rec + R::pl + off) = lo;
       }
   }
-  // P above the lower 16 x 16 tiles and the pitch padding: zeros (never used, but the scan's
-  // bulk copy reads whole records).
-  for (int idx = tid; idx < C * (kWyPP / 8); idx += kWyThreads) {
-    const int i = idx / (kWyPP / 8), u8 = idx % (kWyPP / 8);
-    if (u8 * 8 >= 16 * (i / 16 + 1)) {
-      reinterpret_cast<uint4*>(rec + R::ph)[idx] = make_uint4(0, 0, 0, 0);
-      reinterpret_cast<uint4*>(rec + R::pl)[idx] = make_uint4(0, 0, 0, 0);
-    }
-  }
-  for (int i = tid; i < C; i += kWyThreads) {  // W's pitch padding
-    reinterpret_cast<uint4*>(rec + R::wh + (i * KP + KD) * 2)[0] = make_uint4(0, 0, 0, 0);
-    reinterpret_cast<uint4*>(rec + R::wl + (i * KP + KD) * 2)[0] = make_uint4(0, 0, 0, 0);
-  }
-  __syncthreads();
-  invert_unit_lower(lm, tm, X);
-
-  // T diag(col) split into Th / Tl: col_w for W, col_u for U0.
-  auto split_t = [&](const float* col) {
-    for (int idx = tid; idx < C * C / 2; idx += kWyThreads) {
-      const int i = idx >> 5, j = (idx & 31) * 2;
-      if ((j >> 4) > (i >> 4)) continue;
-      uint32_t hi, lo;
-      split_bf16x2(tm[i * TP + j] * col[j], tm[i * TP + j + 1] * col[j + 1], hi, lo);
-      reinterpret_cast<uint32_t*>(Th)[(i * kWyPP + j) / 2] = hi;
-      reinterpret_cast<uint32_t*>(Tl)[(i * kWyPP + j) / 2] = lo;
-    }
-    __syncthreads();
-  };
-  split_t(col_w);
-  {  // W = T diag(beta kscale gamma) K, split, into the record.
-    auto* Wg_h = reinterpret_cast<uint32_t*>(rec + R::wh);
-    auto* Wg_l = reinterpret_cast<uint32_t*>(rec + R::wl);
-    for (int u = warp; u < 4 * (KD / 16); u += kWyThreads / 32)
-      tri_times_raw<E>(Th, Tl, Kr, KP, u & 3, (u >> 2) * 16,
-                       [&](int i, int cc, float x0, float x1) {
-                         uint32_t hi, lo;
-                         split_bf16x2(x0, x1, hi, lo);
-                         Wg_h[(i * KP + cc) / 2] = hi;
-                         Wg_l[(i * KP + cc) / 2] = lo;
-                       });
-  }
-  __syncthreads();
-  split_t(col_u);
-  {  // U0 = T diag(beta kscale) V, fp32, in 16-column blocks [V/16][64][16].
-    float* U0 = reinterpret_cast<float*>(rec + R::shared);
-    for (int u = warp; u < 4 * (V / 16); u += kWyThreads / 32)
-      tri_times_raw<E>(
-          Th, Tl, Vr, VP, u & 3, (u >> 2) * 16, [&](int i, int cc, float x0, float x1) {
-            *reinterpret_cast<float2*>(U0 + (cc >> 4) * (C * 16) + i * 16 + (cc & 15)) =
-                make_float2(x0, x1);
-          });
-  }
-  // Per-token scalars: [0,64) gamma_i qscale_i; [64,128) kscale_i gamma_L / gamma_i (0 past the
-  // chunk end); [128] gamma_L; the rest 0.
+  // Per-token scalars (layout at kWyScUpd above).
   float* sc = reinterpret_cast<float*>(rec + R::sc);
   const float Gend = Gv[L - 1];
-  for (int i = tid; i < 256; i += kWyThreads) {
+  for (int i = tid; i < kWyScalars; i += kWyThreads) {
     float x = 0.f;
     if (i < C)
       x = expf(Gv[i]) * qsc[i];
-    else if (i < 2 * C)
+    else if (i < kWyGend)
       x = i - C < L ? ksc[i - C] * expf(Gend - Gv[i - C]) : 0.f;
     else if (i == kWyGend)
       x = expf(Gend);
+    else if (i >= kWyColU && i < kWyColU + C)
+      x = bet[i - kWyColU] * ksc[i - kWyColU];
+    else if (i >= kWyColW && i < kWyColW + C)
+      x = bet[i - kWyColW] * ksc[i - kWyColW] * __expf(Gv[i - kWyColW]);
     sc[i] = x;
   }
 }
@@ -356,45 +323,120 @@ template <int VS>
 constexpr int wy_scan_pitch() {
   return VS + 8;
 }
+/// Bytes of one raw K or Q tile in the scan: 64-column panels of 64 rows x 128 B (swizzled).
+template <int KD>
+constexpr int64_t wy_tile_bytes() {
+  return int64_t((KD + 63) / 64) * kFC * 128;
+}
+/// One stage: record | K tile | Q tile | V slice [64][VS] raw.
 template <int KD, int VS>
 __host__ __device__ constexpr int64_t wy_stage_bytes() {
-  return WyRecord<KD>::shared + int64_t(kFC) * VS * 4 + 2LL * kFC * KD * 2;
+  return WyRecord::bytes + 2 * wy_tile_bytes<KD>() + int64_t(kFC) * VS * 2;
 }
+/// Two stages, the S / R / X splits, then the two stage barriers.
 template <int KD, int VS>
 __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
   return 2 * wy_stage_bytes<KD, VS>() + 2LL * KD * wy_scan_pitch<VS>() * 2 +
-         4LL * kFC * wy_scan_pitch<VS>() * 2;
+         4LL * kFC * wy_scan_pitch<VS>() * 2 + 2 * 8;
+}
+
+/// d[nj][part] (row block mi, VS columns) = A S for a raw E tile A (64 x KD, swizzled) and the
+/// state split Sh / Sl ([KD][SP]): parts A.hi S_hi, A.hi S_lo, A.lo S_hi (fp16 only).
+template <class E, int KD, int VS>
+__device__ __forceinline__ void raw_times_state(const E* A, int mi, const __nv_bfloat16* Sh,
+                                                const __nv_bfloat16* Sl,
+                                                float (&d)[VS / 8][3][4]) {
+  constexpr int SP = wy_scan_pitch<VS>();
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < KD / 16; ++ks) {
+    uint32_t ar[4];
+    ldsm4(ar, A + frag_a_swz(mi * 16, ks * 16, lane));
+    const RawFrag<E> a(ar);
+#pragma unroll
+    for (int np = 0; np < VS / 16; ++np) {
+      uint32_t bh[4], bl[4];
+      ldsm4_t(bh, Sh + frag_b_kn(SP, ks * 16, np * 16, lane));
+      ldsm4_t(bl, Sl + frag_b_kn(SP, ks * 16, np * 16, lane));
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int nj = 2 * np + q;
+        mma_bf16(d[nj][0], a.hi, bh[2 * q], bh[2 * q + 1]);
+        mma_bf16(d[nj][1], a.hi, bl[2 * q], bl[2 * q + 1]);
+        if constexpr (RawFrag<E>::kTwo) mma_bf16(d[nj][2], a.lo, bh[2 * q], bh[2 * q + 1]);
+      }
+    }
+  }
+}
+
+/// d[nj][part] (row block mi) = A B for a split lower-triangular 64 x 64 A (Ah / Al, pitch
+/// kWyPP: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP]): parts hi hi, hi lo, lo hi.
+template <int VS>
+__device__ __forceinline__ void tri_split_times_split(const __nv_bfloat16* Ah,
+                                                      const __nv_bfloat16* Al,
+                                                      const __nv_bfloat16* Bh,
+                                                      const __nv_bfloat16* Bl, int mi,
+                                                      float (&d)[VS / 8][3][4]) {
+  constexpr int SP = wy_scan_pitch<VS>();
+  const int lane = threadIdx.x & 31;
+  for (int ks = 0; ks <= mi; ++ks) {
+    uint32_t ah[4], al[4];
+    ldsm4(ah, Ah + frag_a(kWyPP, mi * 16, ks * 16, lane));
+    ldsm4(al, Al + frag_a(kWyPP, mi * 16, ks * 16, lane));
+#pragma unroll
+    for (int np = 0; np < VS / 16; ++np) {
+      uint32_t bh[4], bl[4];
+      ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, np * 16, lane));
+      ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, np * 16, lane));
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int nj = 2 * np + q;
+        mma_bf16(d[nj][0], ah, bh[2 * q], bh[2 * q + 1]);
+        mma_bf16(d[nj][1], ah, bl[2 * q], bl[2 * q + 1]);
+        mma_bf16(d[nj][2], al, bh[2 * q], bh[2 * q + 1]);
+      }
+    }
+  }
+}
+
+/// The three parts of a split product, summed small parts first.
+__device__ __forceinline__ float parts_sum(const float (&d)[3][4], int e) {
+  return d[0][e] + (d[1][e] + d[2][e]);
 }
 
 template <class E, int KD, int VS>
-__global__ void __launch_bounds__(kWyThreads, 1)
+__global__ void __launch_bounds__(kWyScanThreads, 1)
     chunk_wy_scan_kernel(const KernelParams p, const char* __restrict__ ws,
                          const __grid_constant__ CUtensorMap kmap,
-                         const __grid_constant__ CUtensorMap qmap) {
+                         const __grid_constant__ CUtensorMap qmap,
+                         const __grid_constant__ CUtensorMap vmap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using R = WyRecord<KD>;
+  using R = WyRecord;
   using E2 = std::conditional_t<std::is_same_v<E, __half>, __half2, __nv_bfloat162>;
-  constexpr int C = kFC, KP = KD + 8, SP = wy_scan_pitch<VS>(), MT = KD / 16;
-  constexpr int NJ = VS / 8, NP = VS / 16;  // 8-column tiles; pairs of them (one ldmatrix)
-  constexpr int64_t kStage = wy_stage_bytes<KD, VS>();
-  static_assert(R::shared % 128 == 0 && kStage % 128 == 0, "TMA needs 128 B alignment");
-  constexpr bool kFp16 = std::is_same_v<E, __half>;
-  extern __shared__ __align__(128) char smem[];
-  __shared__ uint64_t full[2];  // full[st]: stage st's bytes have landed
-  // Stage st: record (W_hi, W_lo, P_hi, P_lo, scalars) | U0 slice [VS/16][64][16] fp32 | K, Q
-  // raw, each [KD/8][64][8] (16-byte column pieces of the 64 rows: conflict-free ldmatrix, one
-  // TMA box).
+  constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8;
+  constexpr int64_t kStage = wy_stage_bytes<KD, VS>(), kTile = wy_tile_bytes<KD>();
+  constexpr int kPanels = (KD + 63) / 64;
+  // The 128-byte swizzle of the K / Q boxes needs their shared addresses 1024-byte aligned: the
+  // dynamic block starts aligned (no static shared memory in this kernel) and every offset
+  // below is a multiple of 1024.
+  static_assert(R::bytes % 1024 == 0 && kStage % 1024 == 0 && kTile % 1024 == 0,
+                "swizzled TMA boxes need 1024 B alignment");
+  static_assert(MT <= kWyThreads / 32, "one key-row block per warp");
+  extern __shared__ __align__(1024) char smem[];
+  // Stage st: record (T_hi, T_lo, PT_hi, PT_lo, scalars) | K, Q raw, each [KD/64 panels][64][128
+  // B swizzled] (swz128: conflict-free ldmatrix, 128-byte TMA box rows) | V slice [64][VS] raw.
   auto st_rec = [&](int st) { return smem + st * kStage; };
-  auto st_u0 = [&](int st) { return reinterpret_cast<float*>(smem + st * kStage + R::shared); };
-  auto st_k = [&](int st) {
-    return reinterpret_cast<E*>(smem + st * kStage + R::shared + C * VS * 4);
+  auto st_k = [&](int st) { return reinterpret_cast<E*>(smem + st * kStage + R::bytes); };
+  auto st_v = [&](int st) {
+    return reinterpret_cast<E*>(smem + st * kStage + R::bytes + 2 * kTile);
   };
   auto* Sh = reinterpret_cast<__nv_bfloat16*>(smem + 2 * kStage);  // [KD][SP] state split
   __nv_bfloat16* Sl = Sh + KD * SP;
-  __nv_bfloat16* Uh = Sl + KD * SP;  // [C][SP] U split (read-out)
-  __nv_bfloat16* Ul = Uh + C * SP;
-  __nv_bfloat16* Xh = Ul + C * SP;  // [C][SP] diag(update scale) U split (state update)
+  __nv_bfloat16* Rh = Sl + KD * SP;  // [C][SP] R split
+  __nv_bfloat16* Rl = Rh + C * SP;
+  __nv_bfloat16* Xh = Rl + C * SP;  // [C][SP] diag(update scale) U split
   __nv_bfloat16* Xl = Xh + C * SP;
+  auto* full = reinterpret_cast<uint64_t*>(Xl + C * SP);  // full[st]: stage st's bytes landed
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -416,60 +458,58 @@ __global__ void __launch_bounds__(kWyThreads, 1)
     mbar_init(&full[0], 1);
     mbar_init(&full[1], 1);
   }
-  // Warps 0-3 hold the state in registers: key-row blocks mt = warp + 4 j (j = 0, 1;
-  // mt < KD/16), every 8-column tile; element (j, nj, e) is row mt*16 + g + 8 (e / 2), column
-  // nj*8 + 2 t4 + e % 2.
-  const bool state_warp = warp < 4;
-  float sacc[2][NJ][4] = {};
-  auto store_state_split = [&](int j) {
-    const int mt = warp + 4 * j;
+  // Warp w < KD/16 holds the state's key-row block w in registers: element (nj, e) is row
+  // w*16 + g + 8 (e / 2), column nj*8 + 2 t4 + e % 2.
+  const bool state_warp = warp < MT;
+  float sacc[NJ][4] = {};
+  auto store_state_split = [&] {
 #pragma unroll
     for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int r = mt * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
+        const int r = warp * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
         uint32_t hi, lo;
-        split_bf16x2(sacc[j][nj][2 * hr], sacc[j][nj][2 * hr + 1], hi, lo);
+        split_bf16x2(sacc[nj][2 * hr], sacc[nj][2 * hr + 1], hi, lo);
         *reinterpret_cast<uint32_t*>(Sh + r * SP + cc) = hi;
         *reinterpret_cast<uint32_t*>(Sl + r * SP + cc) = lo;
       }
   };
-  if (state_warp)
+  if (state_warp) {
+    if (slot.in)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (warp + 4 * j >= MT) continue;
-      if (slot.in)
+      for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
-        for (int nj = 0; nj < NJ; ++nj)
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int r = (warp + 4 * j) * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
-            const float2 x = *reinterpret_cast<const float2*>(slot.in + int64_t(r) * V + c0 + cc);
-            sacc[j][nj][2 * hr] = x.x, sacc[j][nj][2 * hr + 1] = x.y;
-          }
-      store_state_split(j);
-    }
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = warp * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
+          const float2 x = *reinterpret_cast<const float2*>(slot.in + int64_t(r) * V + c0 + cc);
+          sacc[nj][2 * hr] = x.x, sacc[nj][2 * hr + 1] = x.y;
+        }
+    store_state_split();
+  }
   __syncthreads();  // barriers initialised, state split visible
 
   // Chunk ch's tiles into stage st, completing on full[st], issued by thread 0 right after the
-  // barrier that ends every read of that stage: the record's shared part (W, P, scalars) and
-  // this slice's U0 by bulk copies, the K and Q tiles by one tensor copy each (rows past the
+  // barrier that ends every read of that stage: the record by one bulk copy, the K and Q tiles
+  // by one tensor copy per 64-column panel, this slice's V columns by one more (rows past the
   // tensor's end arrive as zeros). Warp 0's lanes also ask L2 for chunk ch + kAhead's record and
   // K / Q rows (each slice of the head a share of the 128-byte lines), so that the copies find
   // them in L2 rather than DRAM.
   constexpr int kAhead = 3;
   auto issue = [&](int st, int ch) {
     const char* rec = ws + (chunk_slot(p, n, sr, ch) * p.HV + hv) * rec_bytes;
-    mbar_expect_tx(&full[st], unsigned(R::shared + C * VS * 4 + 2 * C * KD * 2));
-    bulk_load(st_rec(st), rec, unsigned(R::shared), &full[st]);
-    bulk_load(st_u0(st), rec + R::shared + int64_t(c0) * C * 4, unsigned(C * VS * 4), &full[st]);
+    mbar_expect_tx(&full[st], unsigned(R::bytes + 2 * kTile + C * VS * 2));
+    bulk_load(st_rec(st), rec, unsigned(R::bytes), &full[st]);
     const int t0 = int(sr.t0 + int64_t(ch) * C);
-    tile_load(st_k(st), &kmap, t0, h, int(sr.b), &full[st]);
-    tile_load(st_k(st) + C * KD, &qmap, t0, h, int(sr.b), &full[st]);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      tile_load(st_k(st) + pn * (C * 64), &kmap, pn * 64, t0, h, int(sr.b), &full[st]);
+      tile_load(st_k(st) + kTile / 2 + pn * (C * 64), &qmap, pn * 64, t0, h, int(sr.b), &full[st]);
+    }
+    tile_load(st_v(st), &vmap, c0, t0, hv, int(sr.b), &full[st]);
   };
   auto prefetch_l2 = [&](int cf) {
     const char* rf = ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes;
-    constexpr int lines = int((R::shared + 127) / 128);
+    constexpr int lines = int(R::bytes / 128);
     for (int l = slice + nslices * lane; l < lines; l += nslices * 32)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(rf + l * 128));
     const int64_t tf = sr.t0 + int64_t(cf) * C;
@@ -485,194 +525,153 @@ __global__ void __launch_bounds__(kWyThreads, 1)
                                                     (rem % lpr) * 128));
     }
   };
-  if (warp == 0)
+  constexpr int kProducer = kWyThreads / 32;  // the warp that issues copies and prefetches
+  if (warp == kProducer) {
     for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
-  if (nch > 0 && tid == 0) issue(0, 0);
+    if (nch > 0 && lane == 0) issue(0, 0);
+  }
 
+#ifdef KLA_WY_PROFILE
+  const bool prof_on = blockIdx.x == 0 && (tid == 0 || tid == 128);
+  long long prof[7] = {}, prof_t = clock64();
+#endif
   for (int ch = 0; ch < nch; ++ch) {
     const int st = ch & 1;
     const int64_t cs0 = int64_t(ch) * C;
     const int L = int(sr.len - cs0 < C ? sr.len - cs0 : C);
     const int64_t tb = sr.t0 + cs0;
+    KLA_WY_MARK(6);
     mbar_wait(&full[st], unsigned(ch >> 1) & 1u);
+    KLA_WY_MARK(0);
     if (L < C)  // a last chunk: rows past the sequence end may hold the next sequence's tokens
-      for (int idx = tid; idx < 2 * (C - L) * (KD / 8); idx += kWyThreads) {
-        const int q = idx / ((C - L) * (KD / 8)), rem = idx % ((C - L) * (KD / 8));
-        const int i = L + rem / (KD / 8), piece = rem % (KD / 8);
-        reinterpret_cast<uint4*>(st_k(st) + q * C * KD + piece * C * 8 + i * 8)[0] =
+      for (int idx = tid; idx < 2 * kPanels * (C - L) * 8; idx += kWyScanThreads) {
+        const int pn = idx / ((C - L) * 8), rem = idx % ((C - L) * 8);  // pn: (K|Q, panel)
+        reinterpret_cast<uint4*>(st_k(st) + pn * (C * 64) + (L + rem / 8) * 64)[rem % 8] =
             make_uint4(0, 0, 0, 0);
       }
     __syncthreads();  // chunk ch's tiles visible to all; every thread is done with stage st ^ 1
-    if (warp == 0 && ch + kAhead < nch) prefetch_l2(ch + kAhead);
-    if (tid == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
+    KLA_WY_MARK(1);
+    if (warp == kProducer) {  // off the compute warps' critical path
+      if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
+      if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
+    }
     const char* rec = st_rec(st);
-    const auto* Wh = reinterpret_cast<const __nv_bfloat16*>(rec + R::wh);
-    const auto* Wl = reinterpret_cast<const __nv_bfloat16*>(rec + R::wl);
-    const auto* Ph = reinterpret_cast<const __nv_bfloat16*>(rec + R::ph);
-    const auto* Pl = reinterpret_cast<const __nv_bfloat16*>(rec + R::pl);
     const float* sc = reinterpret_cast<const float*>(rec + R::sc);
-    const float* U0 = st_u0(st);
     const E* Ks = st_k(st);
-    const E* Qs = Ks + C * KD;
-    const int mi = warp & 3;  // row block of U (warps 0-3) or of the read-out (warps 4-7)
+    const E* Qs = Ks + kTile / 2;
+    const E* Vs = st_v(st);
+    // Row block of R / X (warp w < 4: w) or of the read-out (warp w >= 4: 7 - w). Warps w and
+    // w + 4 share a scheduler, so step 2's triangular products (k-blocks 0..mi) pair a long one
+    // with a short one: 5 k-blocks per scheduler rather than 2..8.
+    const int mi = warp < 4 ? warp : 7 - warp;
 
-    // Step 1. Warps 0-3: U = U0 - W S. Warps 4-7: O0 = diag(gamma qscale) Q S (kept in regs).
+    // Step 1. Warps 0-3: R = diag(cu) V - diag(cw) K S. Warps 4-7: O0 = diag(gamma qscale) Q S.
     float o0[NJ][4];
-    if (warp < 4) {
+    if (warp < kProducer) {
       float d[NJ][3][4] = {};
-#pragma unroll
-      for (int ks = 0; ks < KD / 16; ++ks) {
-        uint32_t ah[4], al[4];
-        ldsm4(ah, Wh + frag_a(KP, mi * 16, ks * 16, lane));
-        ldsm4(al, Wl + frag_a(KP, mi * 16, ks * 16, lane));
-#pragma unroll
-        for (int np = 0; np < NP; ++np) {
-          uint32_t bh[4], bl[4];
-          ldsm4_t(bh, Sh + frag_b_kn(SP, ks * 16, np * 16, lane));
-          ldsm4_t(bl, Sl + frag_b_kn(SP, ks * 16, np * 16, lane));
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            const int nj = 2 * np + q;
-            mma_bf16(d[nj][0], ah, bh[2 * q], bh[2 * q + 1]);
-            mma_bf16(d[nj][1], ah, bl[2 * q], bl[2 * q + 1]);
-            mma_bf16(d[nj][2], al, bh[2 * q], bh[2 * q + 1]);
-          }
-        }
-      }
-      const float w0 = sc[kWyScOff + mi * 16 + g], w1 = sc[kWyScOff + mi * 16 + g + 8];
+      raw_times_state<E, KD, VS>(warp < 4 ? Ks : Qs, mi, Sh, Sl, d);
 #pragma unroll
       for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int i = mi * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
-          const float2 u0 =
-              *reinterpret_cast<const float2*>(U0 + (cc >> 4) * (C * 16) + i * 16 + (cc & 15));
-          const float u_0 = u0.x - ((d[nj][0][2 * hr] + d[nj][1][2 * hr]) + d[nj][2][2 * hr]);
-          const float u_1 =
-              u0.y - ((d[nj][0][2 * hr + 1] + d[nj][1][2 * hr + 1]) + d[nj][2][2 * hr + 1]);
-          const float w = hr ? w1 : w0;
-          uint32_t hi, lo;
-          split_bf16x2(u_0, u_1, hi, lo);
-          *reinterpret_cast<uint32_t*>(Uh + i * SP + cc) = hi;
-          *reinterpret_cast<uint32_t*>(Ul + i * SP + cc) = lo;
-          split_bf16x2(w * u_0, w * u_1, hi, lo);
-          *reinterpret_cast<uint32_t*>(Xh + i * SP + cc) = hi;
-          *reinterpret_cast<uint32_t*>(Xl + i * SP + cc) = lo;
+          const float y0 = parts_sum(d[nj], 2 * hr), y1 = parts_sum(d[nj], 2 * hr + 1);
+          if (warp < 4) {
+            const E2 v = *reinterpret_cast<const E2*>(Vs + i * VS + cc);
+            const float cu = sc[kWyColU + i], cw = sc[kWyColW + i];
+            uint32_t hi, lo;
+            split_bf16x2(fmaf(cu, Dtype<E>::to_float(v.x), -cw * y0),
+                         fmaf(cu, Dtype<E>::to_float(v.y), -cw * y1), hi, lo);
+            *reinterpret_cast<uint32_t*>(Rh + i * SP + cc) = hi;
+            *reinterpret_cast<uint32_t*>(Rl + i * SP + cc) = lo;
+          } else {
+            const float s = sc[i];
+            o0[nj][2 * hr] = s * y0, o0[nj][2 * hr + 1] = s * y1;
+          }
         }
-    } else {
+    }
+    KLA_WY_MARK(2);
+    __syncthreads();  // R split visible
+    KLA_WY_MARK(3);
+
+    // Step 2. Warps 0-3: X = diag(update) T R. Warps 4-7: O = O0 + (P T) R, written out.
+    if (warp < kProducer) {
+      const auto* Ah = reinterpret_cast<const __nv_bfloat16*>(rec + (warp < 4 ? R::th : R::ph));
+      const auto* Al = reinterpret_cast<const __nv_bfloat16*>(rec + (warp < 4 ? R::tl : R::pl));
+      float d[NJ][3][4] = {};
+      tri_split_times_split<VS>(Ah, Al, Rh, Rl, mi, d);
+#pragma unroll
+      for (int nj = 0; nj < NJ; ++nj)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int i = mi * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
+          const float z0 = parts_sum(d[nj], 2 * hr), z1 = parts_sum(d[nj], 2 * hr + 1);
+          if (warp < 4) {
+            const float w = sc[kWyScUpd + i];
+            uint32_t hi, lo;
+            split_bf16x2(w * z0, w * z1, hi, lo);
+            *reinterpret_cast<uint32_t*>(Xh + i * SP + cc) = hi;
+            *reinterpret_cast<uint32_t*>(Xl + i * SP + cc) = lo;
+          } else if (i < L) {
+            E2 pair;
+            pair.x = Dtype<E>::from_float(o0[nj][2 * hr] + z0);
+            pair.y = Dtype<E>::from_float(o0[nj][2 * hr + 1] + z1);
+            *reinterpret_cast<E2*>(obase + (tb + i) * p.os[1] + cc) = pair;
+          }
+        }
+    }
+    KLA_WY_MARK(4);
+    __syncthreads();  // X split visible
+    KLA_WY_MARK(5);
+
+    // Step 3. Warp w < KD/16: S_w <- gamma_C S_w + K_w^T X (the parts in separate accumulators:
+    // shorter dependency chains).
+    if (state_warp) {
       float d[NJ][3][4] = {};
 #pragma unroll
-      for (int ks = 0; ks < KD / 16; ++ks) {
-        uint32_t aq[4];
-        ldsm4(aq, Qs + frag_a_pieces(mi * 16, ks * 16, lane));
-        const RawFrag<E> a(aq);
+      for (int ks = 0; ks < C / 16; ++ks) {
+        uint32_t ak[4];
+        ldsm4_t(ak, Ks + frag_a_t_swz(warp * 16, ks * 16, lane));
+        const RawFrag<E> a(ak);
 #pragma unroll
-        for (int np = 0; np < NP; ++np) {
+        for (int np = 0; np < VS / 16; ++np) {
           uint32_t bh[4], bl[4];
-          ldsm4_t(bh, Sh + frag_b_kn(SP, ks * 16, np * 16, lane));
-          ldsm4_t(bl, Sl + frag_b_kn(SP, ks * 16, np * 16, lane));
+          ldsm4_t(bh, Xh + frag_b_kn(SP, ks * 16, np * 16, lane));
+          ldsm4_t(bl, Xl + frag_b_kn(SP, ks * 16, np * 16, lane));
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             const int nj = 2 * np + q;
             mma_bf16(d[nj][0], a.hi, bh[2 * q], bh[2 * q + 1]);
             mma_bf16(d[nj][1], a.hi, bl[2 * q], bl[2 * q + 1]);
-            if constexpr (kFp16) mma_bf16(d[nj][2], a.lo, bh[2 * q], bh[2 * q + 1]);
+            if constexpr (RawFrag<E>::kTwo) mma_bf16(d[nj][2], a.lo, bh[2 * q], bh[2 * q + 1]);
           }
         }
       }
-#pragma unroll
-      for (int nj = 0; nj < NJ; ++nj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          o0[nj][e] = sc[mi * 16 + g + (e >> 1) * 8] * ((d[nj][0][e] + d[nj][2][e]) + d[nj][1][e]);
-    }
-    __syncthreads();  // U / X split visible
-
-    // Step 2. Warps 0-3: S <- gamma_C S + K^T X for their key-row blocks. Warps 4-7:
-    // O = O0 + P U, written out.
-    if (state_warp) {
       const float gend = sc[kWyGend];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int mt = warp + 4 * j;
-        if (mt >= MT) continue;
-#pragma unroll
-        for (int nj = 0; nj < NJ; ++nj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sacc[j][nj][e] *= gend;
-#pragma unroll
-        for (int ks = 0; ks < C / 16; ++ks) {
-          uint32_t ak[4];
-          ldsm4_t(ak, Ks + frag_a_t_pieces(mt * 16, ks * 16, lane));
-          const RawFrag<E> a(ak);
-#pragma unroll
-          for (int np = 0; np < NP; ++np) {
-            uint32_t bh[4], bl[4];
-            ldsm4_t(bh, Xh + frag_b_kn(SP, ks * 16, np * 16, lane));
-            ldsm4_t(bl, Xl + frag_b_kn(SP, ks * 16, np * 16, lane));
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              const int nj = 2 * np + q;
-              mma_bf16(sacc[j][nj], a.hi, bh[2 * q], bh[2 * q + 1]);
-              mma_bf16(sacc[j][nj], a.hi, bl[2 * q], bl[2 * q + 1]);
-              if constexpr (kFp16) mma_bf16(sacc[j][nj], a.lo, bh[2 * q], bh[2 * q + 1]);
-            }
-          }
-        }
-        store_state_split(j);
-      }
-    } else {
-      float d[NJ][3][4] = {};
-      for (int ks = 0; ks <= mi; ++ks) {
-        uint32_t ah[4], al[4];
-        ldsm4(ah, Ph + frag_a(kWyPP, mi * 16, ks * 16, lane));
-        ldsm4(al, Pl + frag_a(kWyPP, mi * 16, ks * 16, lane));
-#pragma unroll
-        for (int np = 0; np < NP; ++np) {
-          uint32_t bh[4], bl[4];
-          ldsm4_t(bh, Uh + frag_b_kn(SP, ks * 16, np * 16, lane));
-          ldsm4_t(bl, Ul + frag_b_kn(SP, ks * 16, np * 16, lane));
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            const int nj = 2 * np + q;
-            mma_bf16(d[nj][0], ah, bh[2 * q], bh[2 * q + 1]);
-            mma_bf16(d[nj][1], ah, bl[2 * q], bl[2 * q + 1]);
-            mma_bf16(d[nj][2], al, bh[2 * q], bh[2 * q + 1]);
-          }
-        }
-      }
-#pragma unroll
       for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int i = mi * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
-          if (i >= L) continue;
-          float x[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            x[e] = o0[nj][2 * hr + e] +
-                   ((d[nj][0][2 * hr + e] + d[nj][1][2 * hr + e]) + d[nj][2][2 * hr + e]);
-          E2 pair;
-          pair.x = Dtype<E>::from_float(x[0]);
-          pair.y = Dtype<E>::from_float(x[1]);
-          *reinterpret_cast<E2*>(obase + (tb + i) * p.os[1] + cc) = pair;
-        }
+        for (int e = 0; e < 4; ++e) sacc[nj][e] = fmaf(gend, sacc[nj][e], parts_sum(d[nj], e));
+      store_state_split();  // read after the next chunk's first barrier
     }
   }
 
+#ifdef KLA_WY_PROFILE
+  if (prof_on)
+    printf("wy scan block 0 warp %d, cycles per chunk (%d chunks): wait %lld, barrier0 %lld, step1 "
+           "%lld, barrier1 %lld, step2 %lld, barrier2 %lld, step3 %lld\n",
+           warp, nch, prof[0] / nch, prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch,
+           prof[5] / nch, prof[6] / nch);
+#endif
   if (state_warp && slot.out)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (warp + 4 * j >= MT) continue;
+    for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
-      for (int nj = 0; nj < NJ; ++nj)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = (warp + 4 * j) * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
-          *reinterpret_cast<float2*>(slot.out + int64_t(r) * V + c0 + cc) =
-              make_float2(sacc[j][nj][2 * hr], sacc[j][nj][2 * hr + 1]);
-        }
-    }
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = warp * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
+        *reinterpret_cast<float2*>(slot.out + int64_t(r) * V + c0 + cc) =
+            make_float2(sacc[nj][2 * hr], sacc[nj][2 * hr + 1]);
+      }
 #endif
 }
 
@@ -692,25 +691,27 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-/// Tensor map of a raw key / query tensor [B, T, H, KD] (element strides st) whose box is one
-/// 64-token tile of one head in the layout [KD/8][64][8]: dims (8 elements, token, 16-byte piece,
-/// head, batch), box (8, 64, KD/8, 1, 1). False when the driver refuses it.
+/// Tensor map of a raw [B, T, heads, cols] tensor (element strides st) whose box is box_cols
+/// columns of one 64-token tile of one head: dims (element, token, head, batch), box (box_cols,
+/// 64, 1, 1); elements past the tensor's end arrive as zeros. K / Q: 64-column (128-byte) boxes,
+/// 128-byte swizzled; V: the scan's value slice, unswizzled. False when the driver refuses it.
 template <class E>
 bool make_tile_map(CUtensorMap& m, const void* base, const int64_t (&st)[3], const KernelParams& p,
-                   int KD) {
+                   int cols, int heads, int box_cols, bool swizzle) {
   const auto encode = tensor_map_encoder();
   if (!encode) return false;
   const int64_t B = p.cu_seqlens ? 1 : p.N;
-  const cuuint64_t dims[5] = {8, cuuint64_t(p.T), cuuint64_t(KD / 8), cuuint64_t(p.H),
+  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(p.T), cuuint64_t(heads),
                               cuuint64_t(B)};
-  const cuuint64_t strides[4] = {cuuint64_t(st[1]) * 2, 16, cuuint64_t(st[2]) * 2,
+  const cuuint64_t strides[3] = {cuuint64_t(st[1]) * 2, cuuint64_t(st[2]) * 2,
                                  cuuint64_t(st[0]) * 2};
-  const cuuint32_t box[5] = {8, cuuint32_t(kFC), cuuint32_t(KD / 8), 1, 1};
-  const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(kFC), 1, 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dt = std::is_same_v<E, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return encode(&m, dt, 5, const_cast<void*>(base), dims, strides, box, elem,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+  return encode(&m, dt, 4, const_cast<void*>(base), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -719,28 +720,36 @@ template <class E, int KD, int VS>
 cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const char* ws,
                            const CUtensorMap& kmap, const CUtensorMap& qmap) {
   constexpr int64_t bytes = wy_scan_smem_bytes<KD, VS>();
+  CUtensorMap vmap;
+  if (!make_tile_map<E>(vmap, p.v, p.vs, p, p.V, p.HV, VS, false)) return cudaErrorInvalidValue;
   const cudaError_t e = cudaFuncSetAttribute(
       chunk_wy_scan_kernel<E, KD, VS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e != cudaSuccess) return e;
   const int64_t blocks = int64_t(p.N) * p.HV * (p.V / VS);
   chunk_wy_scan_kernel<E, KD, VS>
-      <<<dim3(unsigned(blocks)), kWyThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap);
+      <<<dim3(unsigned(blocks)), kWyScanThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap, vmap);
   return cudaGetLastError();
 }
 
 template <class E, int KD>
 cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int sms,
                                int64_t max_smem, int force_vs, bool& ran) {
-  const int64_t prep_bytes = wy_prep_smem_bytes<KD>(p.V);
+  constexpr int64_t prep_bytes = wy_prep_smem_bytes<KD>();
   if (prep_bytes > max_smem || wy_scan_smem_bytes<KD, 16>() > max_smem) return cudaSuccess;
-  CUtensorMap kmap, qmap;
-  if (!make_tile_map<E>(kmap, p.k, p.ks, p, KD) || !make_tile_map<E>(qmap, p.q, p.qs, p, KD))
-    return cudaSuccess;  // the driver refuses the layout: the TF32 path runs instead
+  // Every tensor map is made before anything is launched: a layout the driver refuses (V's too,
+  // probed with the 16-column box; the 32-column one has the same strides) leaves the TF32 path.
+  CUtensorMap kmap, qmap, vprobe;
+  if (!make_tile_map<E>(kmap, p.k, p.ks, p, KD, p.H, 64, true) ||
+      !make_tile_map<E>(qmap, p.q, p.qs, p, KD, p.H, 64, true) ||
+      !make_tile_map<E>(vprobe, p.v, p.vs, p, p.V, p.HV, 16, false))
+    return cudaSuccess;
   // Value slice: 32 columns halve the per-column traffic of the scan (every slice reads the
   // chunk's record and K / Q tiles) but also the number of blocks; take it while it still leaves
   // about one block per multiprocessor.
   bool wide = p.V % 32 == 0 && wy_scan_smem_bytes<KD, 32>() <= max_smem &&
               int64_t(p.N) * p.HV * (p.V / 32) >= sms / 2;
+  if (force_vs == 32 && p.V % 32 == 0 && wy_scan_smem_bytes<KD, 32>() <= max_smem) wide = true;
+  if (force_vs == 16) wide = false;
   ran = true;
   cudaError_t e = cudaFuncSetAttribute(
       chunk_wy_prep_kernel<E, KD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep_bytes));
@@ -749,15 +758,13 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
   chunk_wy_prep_kernel<E, KD><<<dim3(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N)),
                                 kWyThreads, size_t(prep_bytes), stream>>>(p, ws);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  if (force_vs == 32 && p.V % 32 == 0 && wy_scan_smem_bytes<KD, 32>() <= max_smem) wide = true;
-  if (force_vs == 16) wide = false;
   return wide ? launch_scan_wy<E, KD, 32>(p, stream, ws, kmap, qmap)
               : launch_scan_wy<E, KD, 16>(p, stream, ws, kmap, qmap);
 }
 
 /// Runs the WY path when it applies: bf16 / fp16, sm_90, workspace given, K in {64, 96, 128},
-/// V a multiple of 16, shared memory fits, the driver encodes the K / Q tensor maps. `ran` says
-/// whether it did. force_vs (16 or 32; 0 = choose) pins the scan's value slice, for tests.
+/// V a multiple of 16, shared memory fits, the driver encodes the K / Q / V tensor maps. `ran`
+/// says whether it did. force_vs (16 or 32; 0 = choose) pins the scan's value slice, for tests.
 template <class E>
 cudaError_t launch_chunk_wy(const KernelParams& p, cudaStream_t stream, int cc_major, int sms,
                             int64_t max_smem, int force_vs, bool& ran) {

@@ -7,10 +7,9 @@
 //   P [64][64]  read-out matrix qscale_i * (A o Q K^T)_ij * kscale_j, fp32
 //   5 x 64 per-token scalars (see chunk_fast.cuh)
 // WY path (chunk_wy.cuh: bf16 / fp16 storage, K in {64, 96, 128}, V % 16 == 0, sm_90):
-//   W_hi, W_lo [64][K+8] bf16   W = T diag(beta kscale gamma) K, split hi + lo (pitch padded)
-//   P_hi, P_lo [64][72]  bf16   the read-out matrix, split
-//   256 floats                  per-token scalars
-//   U0 [V/16][64][16]    fp32   U0 = T diag(beta kscale) V, in 16-column blocks
+//   T_hi, T_lo   [64][72] bf16   T split hi + lo (pitch padded, zero above the diagonal)
+//   PT_hi, PT_lo [64][72] bf16   P T (read-out matrix times T), split
+//   512 floats                   per-token scalars
 // Chunk slots: fixed lengths: n * ceil(T/64) + c; packed (cu_seqlens): cu[n]/64 + n + c, which
 // never collide and stay below T/64 + N.
 #pragma once
@@ -22,17 +21,12 @@ namespace kla::detail {
 constexpr int64_t kFastChunk = 64;
 constexpr int64_t kWsFloatsPerChunk = 2 * kFastChunk * kFastChunk + 5 * kFastChunk;
 
-/// Bytes of the WY record's part that every value slice reads (W, P, scalars) for key dim K.
-constexpr int64_t wy_shared_bytes(int64_t K) {
-  return 2 * kFastChunk * (K + 8) * 2 + 2 * kFastChunk * (kFastChunk + 8) * 2 + 256 * 4;
-}
-/// Bytes of one WY record (shared part + U0).
-constexpr int64_t wy_record_bytes(int64_t K, int64_t V) {
-  return wy_shared_bytes(K) + kFastChunk * V * 4;
-}
+/// Bytes of one WY record (independent of the head dims).
+constexpr int64_t kWyRecordBytes = 4 * kFastChunk * (kFastChunk + 8) * 2 + 512 * 4;
 /// Bytes of one workspace record: room for either path.
 constexpr int64_t ws_record_bytes(int64_t K, int64_t V) {
-  const int64_t tf32 = kWsFloatsPerChunk * 4, wy = wy_record_bytes(K, V);
+  (void)K, (void)V;  // both layouts are fixed today; the head dims stay in the signature
+  const int64_t tf32 = kWsFloatsPerChunk * 4, wy = kWyRecordBytes;
   return tf32 > wy ? tf32 : wy;
 }
 
