@@ -9,11 +9,13 @@
 //   S <- gamma_C S + K^T diag(kscale gamma_C / gamma_j) U
 //
 //  1. chunk_wy_prep_kernel, fully parallel over (sequence, chunk, value head): the per-token
-//     scalars, T exactly as the TF32 path (fp32, blocked inverse) and P T in fp32, written split
-//     into the workspace record (workspace.hpp), 38 KB whatever the head dims.
+//     scalars, T exactly as the TF32 path (fp32, blocked inverse) and P T (fp32 P and T entering
+//     the tensor cores split), written split into the workspace record (workspace.hpp), 38 KB
+//     whatever the head dims.
 //  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 16 or 32 value columns),
 //     chunks in order, three steps between barriers:
-//       step 1: warps 0-3 R = diag(cu) V - diag(cw) K S (row block w), warps 4-7 Q S;
+//       step 1: warp w < 4 R = diag(cu) V - diag(cw) K S (row block w), warp w >= 4 Q S (row
+//               block 7 - w);
 //       step 2: warps 0-3 X = diag(update) T R, warps 4-7 O = diag(gamma qscale) Q S + (P T) R;
 //       step 3: warp w the state's key-row block w: S <- gamma_C S + K^T X (fp32 accumulators
 //               in registers).
