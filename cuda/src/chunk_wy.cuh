@@ -52,7 +52,7 @@ namespace kla::kernels {
 #define KLA_WY_MARK(k)
 #endif
 
-constexpr int kWyThreads = 256;  // prep; the scan's compute warps
+constexpr int kWyThreads = 256;                  // prep; the scan's compute warps
 constexpr int kWyScanThreads = kWyThreads + 32;  // + warp 8: issues the scan's copies
 constexpr int kWyPP = kFC + 8;  // pitch (elements) of the record's 64 x 64 bf16 tiles
 // Record scalars (floats): [0,64) gamma qscale, [64,128) update scale kscale gamma_L / gamma_i
@@ -124,11 +124,11 @@ __global__ void __launch_bounds__(kWyThreads)
   const int h = hv / (p.HV / p.H);
 
   constexpr int64_t kq_bytes = int64_t(C) * KP * 2, l_bytes = int64_t(C) * kMP * 4;
-  E* Kr = reinterpret_cast<E*>(smem);              // [C][KP] raw keys
-  char* region = smem + kq_bytes;                  // Q, then lm, then P
-  E* Qr = reinterpret_cast<E*>(region);            // [C][KP] raw queries
-  float* lm = reinterpret_cast<float*>(region);    // [C][kMP] B(A^- o K^K^T)
-  float* Pf = lm;                                  // [C][kMP] P (after the inverse)
+  E* Kr = reinterpret_cast<E*>(smem);            // [C][KP] raw keys
+  char* region = smem + kq_bytes;                // Q, then lm, then P
+  E* Qr = reinterpret_cast<E*>(region);          // [C][KP] raw queries
+  float* lm = reinterpret_cast<float*>(region);  // [C][kMP] B(A^- o K^K^T)
+  float* Pf = lm;                                // [C][kMP] P (after the inverse)
   float* tm = reinterpret_cast<float*>(region + (kq_bytes > l_bytes ? kq_bytes : l_bytes));
   float* X = tm + C * TP;  // [3][256] inverse scratch
   float* ksc = X + 3 * 256;
@@ -136,9 +136,8 @@ __global__ void __launch_bounds__(kWyThreads)
   float* qsc = bet + C;
   float* Gv = qsc + C;
   float* kn2 = Gv + C;  // squared key norms
-  static_assert(wy_prep_smem_bytes<KD>() ==
-                    kq_bytes + (kq_bytes > l_bytes ? kq_bytes : l_bytes) +
-                        (int64_t(C) * TP + 3 * 256 + 5 * C) * 4 + 2 * C * 4,
+  static_assert(wy_prep_smem_bytes<KD>() == kq_bytes + (kq_bytes > l_bytes ? kq_bytes : l_bytes) +
+                                                (int64_t(C) * TP + 3 * 256 + 5 * C) * 4 + 2 * C * 4,
                 "prep shared layout");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -268,8 +267,8 @@ __global__ void __launch_bounds__(kWyThreads)
       uint32_t ah[4], al[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {  // a0 (g, 2t), a1 (g+8, 2t), a2 (g, 2t+8), a3 (g+8, 2t+8)
-        const float2 x = *reinterpret_cast<const float2*>(
-            Pf + (mi * 16 + g + (e & 1) * 8) * kMP + ks * 16 + 2 * t4 + (e >> 1) * 8);
+        const float2 x = *reinterpret_cast<const float2*>(Pf + (mi * 16 + g + (e & 1) * 8) * kMP +
+                                                          ks * 16 + 2 * t4 + (e >> 1) * 8);
         split_bf16x2(x.x, x.y, ah[e], al[e]);
       }
 #pragma unroll
@@ -346,8 +345,7 @@ __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
 /// state split Sh / Sl ([KD][SP]): parts A.hi S_hi, A.hi S_lo, A.lo S_hi (fp16 only).
 template <class E, int KD, int VS>
 __device__ __forceinline__ void raw_times_state(const E* A, int mi, const __nv_bfloat16* Sh,
-                                                const __nv_bfloat16* Sl,
-                                                float (&d)[VS / 8][3][4]) {
+                                                const __nv_bfloat16* Sl, float (&d)[VS / 8][3][4]) {
   constexpr int SP = wy_scan_pitch<VS>();
   const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -660,10 +658,11 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
 
 #ifdef KLA_WY_PROFILE
   if (prof_on)
-    printf("wy scan block 0 warp %d, cycles per chunk (%d chunks): wait %lld, barrier0 %lld, step1 "
-           "%lld, barrier1 %lld, step2 %lld, barrier2 %lld, step3 %lld\n",
-           warp, nch, prof[0] / nch, prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch,
-           prof[5] / nch, prof[6] / nch);
+    printf(
+        "wy scan block 0 warp %d, cycles per chunk (%d chunks): wait %lld, barrier0 %lld, step1 "
+        "%lld, barrier1 %lld, step2 %lld, barrier2 %lld, step3 %lld\n",
+        warp, nch, prof[0] / nch, prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch,
+        prof[5] / nch, prof[6] / nch);
 #endif
   if (state_warp && slot.out)
 #pragma unroll
@@ -703,8 +702,7 @@ bool make_tile_map(CUtensorMap& m, const void* base, const int64_t (&st)[3], con
   const auto encode = tensor_map_encoder();
   if (!encode) return false;
   const int64_t B = p.cu_seqlens ? 1 : p.N;
-  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(p.T), cuuint64_t(heads),
-                              cuuint64_t(B)};
+  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(p.T), cuuint64_t(heads), cuuint64_t(B)};
   const cuuint64_t strides[3] = {cuuint64_t(st[1]) * 2, cuuint64_t(st[2]) * 2,
                                  cuuint64_t(st[0]) * 2};
   const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(kFC), 1, 1};
