@@ -341,23 +341,24 @@ __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
          4LL * kFC * wy_scan_pitch<VS>() * 2 + 2 * 8;
 }
 
-/// d[nj][part] (row block mi, VS columns) = A S for a raw E tile A (64 x KD, swizzled) and the
-/// state split Sh / Sl ([KD][SP]): parts A.hi S_hi, A.hi S_lo, A.lo S_hi (fp16 only).
-template <class E, int KD, int VS>
-__device__ __forceinline__ void raw_times_state(const E* A, int mi, const __nv_bfloat16* Sh,
-                                                const __nv_bfloat16* Sl, float (&d)[VS / 8][3][4]) {
+/// d[nj][part] += A B over KSTEPS k-steps for a raw E operand A (fragment of step ks from
+/// load_a(ks, regs): K or Q tiles, either orientation) and a split B (Bh / Bl, [k][SP], VS
+/// columns): parts A.hi B_hi, A.hi B_lo, A.lo B_hi (fp16 only).
+template <class E, int KSTEPS, int VS, class LoadA>
+__device__ __forceinline__ void raw_times_split(LoadA load_a, const __nv_bfloat16* Bh,
+                                                const __nv_bfloat16* Bl, float (&d)[VS / 8][3][4]) {
   constexpr int SP = wy_scan_pitch<VS>();
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int ks = 0; ks < KD / 16; ++ks) {
+  for (int ks = 0; ks < KSTEPS; ++ks) {
     uint32_t ar[4];
-    ldsm4(ar, A + frag_a_swz(mi * 16, ks * 16, lane));
+    load_a(ks, ar);
     const RawFrag<E> a(ar);
 #pragma unroll
     for (int np = 0; np < VS / 16; ++np) {
       uint32_t bh[4], bl[4];
-      ldsm4_t(bh, Sh + frag_b_kn(SP, ks * 16, np * 16, lane));
-      ldsm4_t(bl, Sl + frag_b_kn(SP, ks * 16, np * 16, lane));
+      ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, np * 16, lane));
+      ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, np * 16, lane));
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const int nj = 2 * np + q;
@@ -569,7 +570,10 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     float o0[NJ][4];
     if (warp < kProducer) {
       float d[NJ][3][4] = {};
-      raw_times_state<E, KD, VS>(warp < 4 ? Ks : Qs, mi, Sh, Sl, d);
+      const E* A = warp < 4 ? Ks : Qs;  // K S (for R) or Q S (read-out), S split
+      raw_times_split<E, KD / 16, VS>(
+          [&](int ks, uint32_t(&r)[4]) { ldsm4(r, A + frag_a_swz(mi * 16, ks * 16, lane)); }, Sh,
+          Sl, d);
 #pragma unroll
       for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
@@ -628,25 +632,9 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     // shorter dependency chains).
     if (state_warp) {
       float d[NJ][3][4] = {};
-#pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks) {
-        uint32_t ak[4];
-        ldsm4_t(ak, Ks + frag_a_t_swz(warp * 16, ks * 16, lane));
-        const RawFrag<E> a(ak);
-#pragma unroll
-        for (int np = 0; np < VS / 16; ++np) {
-          uint32_t bh[4], bl[4];
-          ldsm4_t(bh, Xh + frag_b_kn(SP, ks * 16, np * 16, lane));
-          ldsm4_t(bl, Xl + frag_b_kn(SP, ks * 16, np * 16, lane));
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            const int nj = 2 * np + q;
-            mma_bf16(d[nj][0], a.hi, bh[2 * q], bh[2 * q + 1]);
-            mma_bf16(d[nj][1], a.hi, bl[2 * q], bl[2 * q + 1]);
-            if constexpr (RawFrag<E>::kTwo) mma_bf16(d[nj][2], a.lo, bh[2 * q], bh[2 * q + 1]);
-          }
-        }
-      }
+      raw_times_split<E, C / 16, VS>(  // K^T X: the K tile read transposed
+          [&](int ks, uint32_t(&r)[4]) { ldsm4_t(r, Ks + frag_a_t_swz(warp * 16, ks * 16, lane)); },
+          Xh, Xl, d);
       const float gend = sc[kWyGend];
 #pragma unroll
       for (int nj = 0; nj < NJ; ++nj)
