@@ -159,14 +159,20 @@ __global__ void __launch_bounds__(kWyThreads)
     mi = tl < 1 ? 0 : tl < 3 ? 1 : tl < 6 ? 2 : 3;
     nb = tl - mi * (mi + 1) / 2;
   };
-  float acc[3][2][4];
+  // This warp's units u = warp + 8 k below nu: f(k, isq, mi, nb).
+  auto for_units = [&](int nu, auto f) {
 #pragma unroll
-  for (int k = 0; k < 3; ++k) {
-    const int u = warp + 8 * k;
-    if (u >= 20) break;
-    bool isq;
-    int mi, nb;
-    unit_tile(u, isq, mi, nb);
+    for (int k = 0; k < 3; ++k) {
+      const int u = warp + 8 * k;
+      if (u >= nu) break;
+      bool isq;
+      int mi, nb;
+      unit_tile(u, isq, mi, nb);
+      f(k, isq, mi, nb);
+    }
+  };
+  float acc[3][2][4];
+  for_units(20, [&](int k, bool isq, int mi, int nb) {
     const E* A = isq ? Qr : Kr;
 #pragma unroll
     for (int nj = 0; nj < 2; ++nj)
@@ -180,16 +186,10 @@ __global__ void __launch_bounds__(kWyThreads)
       mma_raw<E>(acc[k][0], a, b[0], b[1]);
       mma_raw<E>(acc[k][1], a, b[2], b[3]);
     }
-  }
+  });
   // Squared key norms from the diagonal of K K^T (fp32 sums of exact products).
-#pragma unroll
-  for (int k = 0; k < 3; ++k) {
-    const int u = warp + 8 * k;
-    if (u >= 10) break;
-    bool isq;
-    int mi, nb;
-    unit_tile(u, isq, mi, nb);
-    if (nb != mi) continue;
+  for_units(10, [&](int k, bool, int mi, int nb) {
+    if (nb != mi) return;
 #pragma unroll
     for (int nj = 0; nj < 2; ++nj)
 #pragma unroll
@@ -197,20 +197,14 @@ __global__ void __launch_bounds__(kWyThreads)
         const int i = g + (e >> 1) * 8, j = nj * 8 + 2 * t4 + (e & 1);
         if (i == j) kn2[mi * 16 + i] = acc[k][nj][e];
       }
-  }
+  });
   __syncthreads();
   chunk_token_scalars(p, sr, tb, L, hv, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2);  // + barrier
   // The masked, scaled tiles: K K^T -> lm now (the inverse's input), Q K^T -> P after the
   // inverse (lm's storage; the accumulators wait in registers).
   auto epilogue = [&](bool want_q, float* dst) {
-#pragma unroll
-    for (int k = 0; k < 3; ++k) {
-      const int u = warp + 8 * k;
-      if (u >= 20) break;
-      bool isq;
-      int mi, nb;
-      unit_tile(u, isq, mi, nb);
-      if (isq != want_q) continue;
+    for_units(20, [&](int k, bool isq, int mi, int nb) {
+      if (isq != want_q) return;
 #pragma unroll
       for (int nj = 0; nj < 2; ++nj)
 #pragma unroll
@@ -227,7 +221,7 @@ __global__ void __launch_bounds__(kWyThreads)
           }
           *reinterpret_cast<float2*>(dst + i * kMP + j) = make_float2(x[0], x[1]);
         }
-    }
+    });
   };
   epilogue(false, lm);
   __syncthreads();
