@@ -335,62 +335,59 @@ __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
          4LL * kFC * wy_scan_pitch<VS>() * 2 + 2 * 8;
 }
 
+/// One k-step of a split product: d[nj][part] += A B_ks for an A fragment as bf16 parts (ah,
+/// al; al used when kALo) and k-step ks of a split B (Bh / Bl, [k][SP], VS columns): parts
+/// hi hi, hi lo and lo hi.
+template <int VS, bool kALo>
+__device__ __forceinline__ void split_k_step(float (&d)[VS / 8][3][4], const uint32_t (&ah)[4],
+                                             const uint32_t (&al)[4], const __nv_bfloat16* Bh,
+                                             const __nv_bfloat16* Bl, int ks, int lane) {
+  constexpr int SP = wy_scan_pitch<VS>();
+#pragma unroll
+  for (int np = 0; np < VS / 16; ++np) {
+    uint32_t bh[4], bl[4];
+    ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, np * 16, lane));
+    ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, np * 16, lane));
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int nj = 2 * np + q;
+      mma_bf16(d[nj][0], ah, bh[2 * q], bh[2 * q + 1]);
+      mma_bf16(d[nj][1], ah, bl[2 * q], bl[2 * q + 1]);
+      if constexpr (kALo) mma_bf16(d[nj][2], al, bh[2 * q], bh[2 * q + 1]);
+    }
+  }
+}
+
 /// d[nj][part] += A B over KSTEPS k-steps for a raw E operand A (fragment of step ks from
-/// load_a(ks, regs): K or Q tiles, either orientation) and a split B (Bh / Bl, [k][SP], VS
-/// columns): parts A.hi B_hi, A.hi B_lo, A.lo B_hi (fp16 only).
+/// load_a(ks, regs): K or Q tiles, either orientation) and a split B: parts A.hi B_hi,
+/// A.hi B_lo, A.lo B_hi (fp16 only: its raw values are exact bf16 hi + lo).
 template <class E, int KSTEPS, int VS, class LoadA>
 __device__ __forceinline__ void raw_times_split(LoadA load_a, const __nv_bfloat16* Bh,
                                                 const __nv_bfloat16* Bl, float (&d)[VS / 8][3][4]) {
-  constexpr int SP = wy_scan_pitch<VS>();
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < KSTEPS; ++ks) {
     uint32_t ar[4];
     load_a(ks, ar);
     const RawFrag<E> a(ar);
-#pragma unroll
-    for (int np = 0; np < VS / 16; ++np) {
-      uint32_t bh[4], bl[4];
-      ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, np * 16, lane));
-      ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, np * 16, lane));
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int nj = 2 * np + q;
-        mma_bf16(d[nj][0], a.hi, bh[2 * q], bh[2 * q + 1]);
-        mma_bf16(d[nj][1], a.hi, bl[2 * q], bl[2 * q + 1]);
-        if constexpr (RawFrag<E>::kTwo) mma_bf16(d[nj][2], a.lo, bh[2 * q], bh[2 * q + 1]);
-      }
-    }
+    split_k_step<VS, RawFrag<E>::kTwo>(d, a.hi, a.lo, Bh, Bl, ks, lane);
   }
 }
 
 /// d[nj][part] (row block mi) = A B for a split lower-triangular 64 x 64 A (Ah / Al, pitch
-/// kWyPP: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP]): parts hi hi, hi lo, lo hi.
+/// kWyPP: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP]).
 template <int VS>
 __device__ __forceinline__ void tri_split_times_split(const __nv_bfloat16* Ah,
                                                       const __nv_bfloat16* Al,
                                                       const __nv_bfloat16* Bh,
                                                       const __nv_bfloat16* Bl, int mi,
                                                       float (&d)[VS / 8][3][4]) {
-  constexpr int SP = wy_scan_pitch<VS>();
   const int lane = threadIdx.x & 31;
   for (int ks = 0; ks <= mi; ++ks) {
     uint32_t ah[4], al[4];
     ldsm4(ah, Ah + frag_a(kWyPP, mi * 16, ks * 16, lane));
     ldsm4(al, Al + frag_a(kWyPP, mi * 16, ks * 16, lane));
-#pragma unroll
-    for (int np = 0; np < VS / 16; ++np) {
-      uint32_t bh[4], bl[4];
-      ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, np * 16, lane));
-      ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, np * 16, lane));
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int nj = 2 * np + q;
-        mma_bf16(d[nj][0], ah, bh[2 * q], bh[2 * q + 1]);
-        mma_bf16(d[nj][1], ah, bl[2 * q], bl[2 * q + 1]);
-        mma_bf16(d[nj][2], al, bh[2 * q], bh[2 * q + 1]);
-      }
-    }
+    split_k_step<VS, true>(d, ah, al, Bh, Bl, ks, lane);
   }
 }
 
