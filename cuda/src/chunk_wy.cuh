@@ -28,7 +28,7 @@
 // inputs are exact operands; fp16 inputs enter as bf16 hi + lo (exact); fp32 intermediates
 // (S, R, T, P T) as hi = bf16(x), lo = bf16(x - hi), 16 significant bits together, and a
 // product of two split operands keeps hi*hi + hi*lo + lo*hi (relative error ~2^-16, far below
-// the bf16 / fp16 storage roundoff that bounds the outputs). The inverse and P T stay fp32 (see
+// the bf16 / fp16 storage roundoff that bounds the outputs). The inverse stays fp32 (see
 // prefill_notes.md: a low-precision inverse is a known weak point). Deterministic: fixed
 // orders, no atomics.
 #pragma once
