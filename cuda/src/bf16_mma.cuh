@@ -53,6 +53,11 @@ __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
+__device__ __forceinline__ void ldsm2_t(uint32_t (&r)[2], const void* p) {  // lanes 0-15 address
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
 __device__ __forceinline__ void ldsm4_t(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -104,6 +109,18 @@ __device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uin
 __device__ __forceinline__ void split_f16x2(uint32_t r, uint32_t& hi, uint32_t& lo) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r));
   split_bf16x2(f.x, f.y, hi, lo);
+}
+
+// ---- named barriers (id 0 is __syncthreads; threads a multiple of 32) -----------------------
+/// Waits until `threads` threads have reached barrier id; orders their earlier shared-memory
+/// accesses before everyone's later ones.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+/// Counts the calling warp's arrival at barrier id without waiting (the producer side of a
+/// producer / consumer hand-off: the consumers call named_bar_sync).
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- sm_90 bulk copies (global -> shared) completing on an mbarrier --------------------------

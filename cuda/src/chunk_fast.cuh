@@ -37,6 +37,7 @@ constexpr int kWsFloats = int(kla::detail::kWsFloatsPerChunk);
 static_assert(kWsFloats == 2 * kFC * kFC + 5 * kFC, "workspace layout");
 constexpr int kPrepThreads = 256, kScanThreads = 256;
 constexpr int kMP = kFC + 4;  // pitch of 64 x 64 matrices used as A operands (== 4 mod 32)
+constexpr int kInvScratch = 6 * 16 * 12;  // floats of scratch that invert_unit_lower needs
 
 // ---- TF32 tensor-core helpers ------------------------------------------------------------
 
@@ -189,7 +190,7 @@ __device__ __forceinline__ int64_t chunk_slot(const KernelParams& p, int n, cons
 /// Region of the raw K / Q tiles (E) and, aliased after the products, of T's columns (fp32).
 __host__ __device__ inline int64_t prep_kq_floats(int K, int esize) {
   const int64_t kq = 2LL * kFC * (K + 16 / esize) * esize / 4;
-  const int64_t tm = int64_t(kFC) * (kFC + 1) + 3 * 256;  // T columns + scratch
+  const int64_t tm = int64_t(kFC) * kMP + kInvScratch;  // T + the inverse's scratch
   return kq > tm ? kq : tm;
 }
 __host__ __device__ inline int64_t prep_smem_bytes(int K, int esize) {
@@ -260,49 +261,75 @@ __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, const
   __syncthreads();
 }
 
-/// T = (I + lm)^-1 for a strictly lower 64 x 64 lm (pitch kMP) into tm (pitch kFC + 1, valid on
-/// and below the diagonal blocks), fp32; X is [3][16][16] scratch. Ends with a barrier.
-__device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, float* X) {
-  constexpr int TP = kFC + 1;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // T = (I + lm)^-1 blockwise (16 x 16 blocks). Diagonal blocks by substitution, one warp
-  // each, column col owned by lanes 2col, 2col+1 (each sums every other j):
-  //   T_ic = -sum_{col <= j < i} lm_ij T_jc  (i > col), T_cc = 1.
+/// B (8 x 8), permuted k, B(k, n) = s[k * P + n] (row-major [k][n], fp32), split.
+__device__ __forceinline__ FragB load_b_kn_perm(const float* s, int P, int k0, int n0, int g,
+                                                int t) {
+  FragB f;
+  set_frag<true>(f.h[0], f.l[0], s[(k0 + 2 * t) * P + n0 + g]);
+  set_frag<true>(f.h[1], f.l[1], s[(k0 + 2 * t + 1) * P + n0 + g]);
+  return f;
+}
+
+/// T = (I + lm)^-1 for a strictly lower 64 x 64 lm (pitch kMP) into tm (pitch kMP; valid on and
+/// below the diagonal blocks, exact zeros above the diagonal inside them). Contract: fp32-grade
+/// (the 16 x 16 diagonal blocks by forward substitution in fp32 FMA; the blocks below by the
+/// blocked recurrence T_ab = -T_aa sum_{b <= k < a} L_ak T_kb on the tensor cores with both
+/// operands split TF32 hi + lo, ~2^-21 relative per product). scratch: kInvScratch floats.
+/// Called by all 256 threads; ends with a barrier.
+__device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Diagonal block o = 16 warp, one warp each, right-looking: lane (column c, row half hh) holds
+  // rows 8 hh .. 8 hh + 7 of column c; once row j is final it is broadcast and subtracted below.
   if (warp < 4) {
-    const int o = warp * 16, col = lane >> 1, part = lane & 1;
-    for (int i = 0; i < 16; ++i) {
-      float acc = 0.f;
-      for (int j = col + part; j < i; j += 2)
-        acc = fmaf(lm[(o + i) * kMP + o + j], tm[(o + j) * TP + o + col], acc);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      if (part == 0) tm[(o + i) * TP + o + col] = i < col ? 0.f : (i == col ? 1.f : -acc);
-      __syncwarp();
+    const int o = warp * 16, c = lane & 15, hh = lane >> 4;
+    float t[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t[k] = 8 * hh + k == c ? 1.f : 0.f;
+#pragma unroll
+    for (int j = 0; j < 15; ++j) {
+      const float tj = __shfl_sync(0xffffffffu, t[j & 7], c + 16 * (j >> 3));
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (8 * hh + k > j) t[k] = fmaf(-lm[(o + 8 * hh + k) * kMP + o + j], tj, t[k]);
     }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) tm[(o + 8 * hh + k) * kMP + o + c] = t[k];
   }
   __syncthreads();
-  // Off-diagonal blocks by distance d = a - b: T_ab = -T_aa (sum_{b <= k < a} L_ak T_kb).
-  {
-    for (int d = 1; d < 4; ++d) {
-      const int nb = 4 - d;
-      for (int idx = tid; idx < nb * 256; idx += kPrepThreads) {
-        const int b = idx >> 8, a = b + d, r = (idx >> 4) & 15, cc = idx & 15;
-        float acc = 0.f;
-#pragma unroll 8
-        for (int k = b * 16; k < a * 16; ++k)
-          acc = fmaf(lm[(a * 16 + r) * kMP + k], tm[k * TP + b * 16 + cc], acc);
-        X[idx] = acc;
+  // Blocks below the diagonal by distance d = a - b (3, 2, 1 blocks), each in two 8-column
+  // halves, a warp a half: Y = sum_k L_ak T_kb, then T_ab = -T_aa Y (Y through this warp's
+  // scratch, pitch 12: conflict-free B loads).
+  const int g = lane >> 2, t4 = lane & 3;
+  for (int d = 1; d < 4; ++d) {
+    if (warp < 2 * (4 - d)) {
+      const int b = warp >> 1, a = b + d, n0 = b * 16 + (warp & 1) * 8;
+      float* ys = scratch + warp * 16 * 12;
+      float y[3][2][4] = {};  // [part][row half][c]: parts hi hi, hi lo, lo hi
+      for (int kk = b * 16; kk < a * 16; kk += 8) {
+        const FragA fa = load_a_perm<true>(lm, kMP, a * 16, kk, g, t4);
+        const FragB fb = load_b_kn_perm(tm, kMP, kk, n0, g, t4);
+        mma3<true, true>(y[0][0], y[1][0], y[2][0], fa, fb);
       }
-      __syncthreads();
-      for (int idx = tid; idx < nb * 256; idx += kPrepThreads) {
-        const int b = idx >> 8, a = b + d, r = (idx >> 4) & 15, cc = idx & 15;
-        float acc = 0.f;
-#pragma unroll 4
-        for (int k = 0; k <= r; ++k)
-          acc = fmaf(tm[(a * 16 + r) * TP + a * 16 + k], X[(b << 8) + k * 16 + cc], acc);
-        tm[(a * 16 + r) * TP + b * 16 + cc] = -acc;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+        *reinterpret_cast<float2*>(ys + (g + 8 * hr) * 12 + 2 * t4) =
+            make_float2(y[0][0][2 * hr] + (y[1][0][2 * hr] + y[2][0][2 * hr]),
+                        y[0][0][2 * hr + 1] + (y[1][0][2 * hr + 1] + y[2][0][2 * hr + 1]));
+      __syncwarp();
+      float z[3][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < 16; kk += 8) {
+        const FragA fa = load_a_perm<true>(tm, kMP, a * 16, a * 16 + kk, g, t4);
+        const FragB fb = load_b_kn_perm(ys, 12, kk, 0, g, t4);
+        mma3<true, true>(z[0], z[1], z[2], fa, fb);
       }
-      __syncthreads();
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+        *reinterpret_cast<float2*>(tm + (a * 16 + g + 8 * hr) * kMP + n0 + 2 * t4) =
+            make_float2(-(z[0][2 * hr] + (z[1][2 * hr] + z[2][2 * hr])),
+                        -(z[0][2 * hr + 1] + (z[1][2 * hr + 1] + z[2][2 * hr + 1])));
     }
+    __syncthreads();
   }
 }
 
@@ -313,7 +340,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int K = p.K, KP = raw_pitch<E>(K);
-  constexpr int C = kFC, TP = kFC + 1;
+  constexpr int C = kFC;
   const int c = int(blockIdx.x), hv = int(blockIdx.y), n = int(blockIdx.z);
   const SeqRange sr = seq_range(p, n);
   const int64_t cs = int64_t(c) * C;
@@ -324,7 +351,7 @@ __global__ void __launch_bounds__(kPrepThreads)
 
   E* ks = reinterpret_cast<E*>(smem);  // [C][KP] raw keys
   E* qs = ks + C * KP;                 // [C][KP] raw queries
-  float* tm = smem;                    // [C][TP] T (+ scratch); aliases ks / qs after the products
+  float* tm = smem;                    // [C][kMP] T (+ scratch); aliases ks / qs after the products
   float* lm = smem + prep_kq_floats(K, int(sizeof(E)));  // [C][kMP] B(A^- o K^K^T)
   float* ksc = lm + C * kMP;                             // kscale
   float* bet = ksc + C;                                  // beta
@@ -380,10 +407,10 @@ __global__ void __launch_bounds__(kPrepThreads)
     if ((j >> 3) > 2 * (i >> 4) + 1) w[kWsP + idx] = 0.f;
   }
   __syncthreads();  // lm complete; ks / qs free (tm aliases them)
-  invert_unit_lower(lm, tm, tm + C * TP);
+  invert_unit_lower(lm, tm, tm + C * kMP);
   for (int idx = tid; idx < C * C; idx += kPrepThreads) {
     const int i = idx / C, j = idx % C;
-    w[kWsT + idx] = (j >> 4) > (i >> 4) ? 0.f : tm[i * TP + j];
+    w[kWsT + idx] = (j >> 4) > (i >> 4) ? 0.f : tm[i * kMP + j];
   }
   // Per-token scalars: 0 rhs scale beta*kscale, 1 gamma_i, 2 gamma_i*qscale_i,
   // 3 kscale_i*gamma_L/gamma_i (0 past the chunk end), 4 [gamma_L, 0, ...].

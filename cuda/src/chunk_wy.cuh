@@ -9,28 +9,30 @@
 //   S <- gamma_C S + K^T diag(kscale gamma_C / gamma_j) U
 //
 //  1. chunk_wy_prep_kernel, fully parallel over (sequence, chunk, value head): the per-token
-//     scalars, T exactly as the TF32 path (fp32, blocked inverse) and P T (fp32 P and T entering
-//     the tensor cores split), written split into the workspace record (workspace.hpp), 38 KB
-//     whatever the head dims.
+//     scalars, T exactly as the TF32 path (invert_unit_lower: fp32 diagonal blocks, the blocks
+//     below on the tensor cores in split TF32) and P T (fp32 P and T entering the tensor cores
+//     split), written split into the workspace record (workspace.hpp), 38 KB whatever the head
+//     dims.
 //  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 16 or 32 value columns),
-//     chunks in order, three steps between barriers:
-//       step 1: warp w < 4 R = diag(cu) V - diag(cw) K S (row block w), warp w >= 4 Q S (row
-//               block 7 - w);
-//       step 2: warps 0-3 X = diag(update) T R, warps 4-7 O = diag(gamma qscale) Q S + (P T) R;
-//       step 3: warp w the state's key-row block w: S <- gamma_C S + K^T X (fp32 accumulators
-//               in registers).
-//     The next chunk's record and its K, Q and V tiles arrive by one bulk copy and tensor copies
-//     (128-byte swizzled K / Q boxes) into a two-stage ring while the current chunk computes;
-//     a ninth warp issues them (and L2 prefetches further ahead) right after the barrier that
-//     frees the stage, off the compute warps' path.
+//     chunks in order, warps in three roles:
+//       8 recurrence warps (the chain from chunk to chunk): A. R = diag(cu) V - diag(cw) K S
+//         (row block w % 4, column half w / 4); B. X = diag(update) T R; C. S <- gamma_C S +
+//         K^T X, the state in the accumulators of the warps that own its blocks, written split
+//         into the other of two shared buffers;
+//       4 read-out warps (off the chain): Q S_ch while R forms, then O = diag(gamma qscale)
+//         Q S_ch + (P T) R once it has (a named barrier the recurrence warps only arrive at);
+//       1 warp that issues the next chunk's copies (record by one bulk copy, 128-byte swizzled
+//         K / Q boxes and V's slice by tensor copies) into a two-stage ring, and L2 prefetches
+//         further ahead.
+//     One __syncthreads per chunk frees the stage and the state buffer that the last chunk read.
 //
 // Precision. The products run as mma.sync m16n8k16 bf16 with fp32 accumulation. Raw bf16
 // inputs are exact operands; fp16 inputs enter as bf16 hi + lo (exact); fp32 intermediates
 // (S, R, T, P T) as hi = bf16(x), lo = bf16(x - hi), 16 significant bits together, and a
 // product of two split operands keeps hi*hi + hi*lo + lo*hi (relative error ~2^-16, far below
-// the bf16 / fp16 storage roundoff that bounds the outputs). The inverse stays fp32 (see
-// prefill_notes.md: a low-precision inverse is a known weak point). Deterministic: fixed
-// orders, no atomics.
+// the bf16 / fp16 storage roundoff that bounds the outputs). The inverse stays fp32-grade (split
+// TF32, ~2^-21; see prefill_notes.md: a low-precision inverse is a known weak point).
+// Deterministic: fixed orders, no atomics.
 #pragma once
 
 #include <type_traits>
@@ -52,8 +54,18 @@ namespace kla::kernels {
 #define KLA_WY_MARK(k)
 #endif
 
-constexpr int kWyThreads = 256;                  // prep; the scan's compute warps
-constexpr int kWyScanThreads = kWyThreads + 32;  // + warp 8: issues the scan's copies
+constexpr int kWyThreads = 256;  // prep
+// Warp roles of the scan: 8 recurrence warps (R, X and the state: the chain from chunk to
+// chunk), 4 read-out warps (O, off the chain), 1 warp issuing the copies.
+constexpr int kWyRecWarps = 8, kWyReadWarps = 4, kWyProducer = kWyRecWarps + kWyReadWarps;
+constexpr int kWyScanThreads = (kWyProducer + 1) * 32;
+// Named barriers (0 is __syncthreads): R ready for the read-out warps (the recurrence warps
+// arrive, the read-out warps wait), the recurrence warps among themselves (R, then X), and two
+// that only pad the read-out and producer warps to three barrier waits per chunk, as many as the
+// recurrence warps: compute-sanitizer racecheck orders two warps' accesses by how many barriers
+// each has waited at (as if every barrier were block-wide), and without the padding it reports
+// accesses ordered by the chunk's __syncthreads as hazards.
+constexpr int kWyBarR = 1, kWyBarRec = 2, kWyBarPadRead = 3, kWyBarPadProducer = 4;
 constexpr int kWyPP = kFC + 8;  // pitch (elements) of the record's 64 x 64 bf16 tiles
 // Record scalars (floats): [0,64) gamma qscale, [64,128) update scale kscale gamma_L / gamma_i
 // (0 past the chunk end), [128] gamma_L, [256,320) beta kscale, [320,384) beta kscale gamma.
@@ -105,14 +117,14 @@ struct RawFrag {
 template <int KD>
 __host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
   constexpr int64_t kq = int64_t(kFC) * (KD + 8) * 2, l = int64_t(kFC) * kMP * 4;
-  return kq + (kq > l ? kq : l) + (int64_t(kFC) * (kFC + 1) + 3 * 256 + 7 * kFC) * 4;
+  return kq + (kq > l ? kq : l) + (int64_t(kFC) * kMP + 7 * kFC) * 4;
 }
 
 template <class E, int KD>
 __global__ void __launch_bounds__(kWyThreads)
     chunk_wy_prep_kernel(const KernelParams p, char* __restrict__ ws) {
   using R = WyRecord;
-  constexpr int C = kFC, KP = KD + 8, TP = kFC + 1;
+  constexpr int C = kFC, KP = KD + 8;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   const int c = int(blockIdx.x), hv = int(blockIdx.y), n = int(blockIdx.z);
@@ -124,21 +136,21 @@ __global__ void __launch_bounds__(kWyThreads)
   const int h = hv / (p.HV / p.H);
 
   constexpr int64_t kq_bytes = int64_t(C) * KP * 2, l_bytes = int64_t(C) * kMP * 4;
-  E* Kr = reinterpret_cast<E*>(smem);            // [C][KP] raw keys
+  E* Kr = reinterpret_cast<E*>(smem);            // [C][KP] raw keys, then the inverse's scratch
   char* region = smem + kq_bytes;                // Q, then lm, then P
   E* Qr = reinterpret_cast<E*>(region);          // [C][KP] raw queries
   float* lm = reinterpret_cast<float*>(region);  // [C][kMP] B(A^- o K^K^T)
   float* Pf = lm;                                // [C][kMP] P (after the inverse)
   float* tm = reinterpret_cast<float*>(region + (kq_bytes > l_bytes ? kq_bytes : l_bytes));
-  float* X = tm + C * TP;  // [3][256] inverse scratch
-  float* ksc = X + 3 * 256;
+  float* ksc = tm + C * kMP;  // tm: [C][kMP] T
   float* bet = ksc + C;
   float* qsc = bet + C;
   float* Gv = qsc + C;
   float* kn2 = Gv + C;  // squared key norms
   static_assert(wy_prep_smem_bytes<KD>() == kq_bytes + (kq_bytes > l_bytes ? kq_bytes : l_bytes) +
-                                                (int64_t(C) * TP + 3 * 256 + 5 * C) * 4 + 2 * C * 4,
+                                                (int64_t(C) * kMP + 5 * C) * 4 + 2 * C * 4,
                 "prep shared layout");
+  static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -225,7 +237,7 @@ __global__ void __launch_bounds__(kWyThreads)
   };
   epilogue(false, lm);
   __syncthreads();
-  invert_unit_lower(lm, tm, X);  // + barrier
+  invert_unit_lower(lm, tm, reinterpret_cast<float*>(Kr));  // K is dead by now; + barrier
   epilogue(true, Pf);
   __syncthreads();
 
@@ -240,7 +252,7 @@ __global__ void __launch_bounds__(kWyThreads)
     if (isp && live) continue;  // P T's lower blocks: the tensor-core units below
     float x[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = live ? tm[i * TP + j0 + e] : 0.f;
+    for (int e = 0; e < 8; ++e) x[e] = live ? tm[i * kMP + j0 + e] : 0.f;
     uint4 hi, lo;
     split_bf16x2(x[0], x[1], hi.x, lo.x);
     split_bf16x2(x[2], x[3], hi.y, lo.y);
@@ -271,7 +283,7 @@ __global__ void __launch_bounds__(kWyThreads)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {  // b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
           const int k = ks * 16 + 2 * t4 + e * 8, col = nb * 16 + nt * 8 + g;
-          split_bf16x2(tm[k * TP + col], tm[(k + 1) * TP + col], bh[e], bl[e]);
+          split_bf16x2(tm[k * kMP + col], tm[(k + 1) * kMP + col], bh[e], bl[e]);
         }
         mma_bf16(d[nt][0], ah, bh[0], bh[1]);
         mma_bf16(d[nt][1], ah, bl[0], bl[1]);
@@ -328,66 +340,75 @@ template <int KD, int VS>
 __host__ __device__ constexpr int64_t wy_stage_bytes() {
   return WyRecord::bytes + 2 * wy_tile_bytes<KD>() + int64_t(kFC) * VS * 2;
 }
-/// Two stages, the S / R / X splits, then the two stage barriers.
+/// Two stages, the state split twice (S_c read while S_c+1 is written), the R / X splits, then
+/// the two stage barriers.
 template <int KD, int VS>
 __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
-  return 2 * wy_stage_bytes<KD, VS>() + 2LL * KD * wy_scan_pitch<VS>() * 2 +
+  return 2 * wy_stage_bytes<KD, VS>() + 4LL * KD * wy_scan_pitch<VS>() * 2 +
          4LL * kFC * wy_scan_pitch<VS>() * 2 + 2 * 8;
 }
 
-/// One k-step of a split product: d[nj][part] += A B_ks for an A fragment as bf16 parts (ah,
-/// al; al used when kALo) and k-step ks of a split B (Bh / Bl, [k][SP], VS columns): parts
-/// hi hi, hi lo and lo hi.
-template <int VS, bool kALo>
-__device__ __forceinline__ void split_k_step(float (&d)[VS / 8][3][4], const uint32_t (&ah)[4],
+/// One k-step of a split product: d[nt][part] += A B_ks for an A fragment as bf16 parts (ah,
+/// al; al used when kALo) and k-step ks of a split B (Bh / Bl, [k][SP]), NT 8-column tiles from
+/// column n0: parts hi hi, hi lo and lo hi.
+template <int NT, int SP, bool kALo>
+__device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_t (&ah)[4],
                                              const uint32_t (&al)[4], const __nv_bfloat16* Bh,
-                                             const __nv_bfloat16* Bl, int ks, int lane) {
-  constexpr int SP = wy_scan_pitch<VS>();
+                                             const __nv_bfloat16* Bl, int ks, int n0, int lane) {
+  auto step = [&](int nt, uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_bf16(d[nt][0], ah, bh0, bh1);
+    mma_bf16(d[nt][1], ah, bl0, bl1);
+    if constexpr (kALo) mma_bf16(d[nt][2], al, bh0, bh1);
+  };
+  if constexpr (NT == 1) {
+    uint32_t bh[2], bl[2];
+    ldsm2_t(bh, Bh + frag_b_kn(SP, ks * 16, n0, lane));
+    ldsm2_t(bl, Bl + frag_b_kn(SP, ks * 16, n0, lane));
+    step(0, bh[0], bh[1], bl[0], bl[1]);
+  } else {
+    static_assert(NT % 2 == 0, "one tile or pairs of tiles");
 #pragma unroll
-  for (int np = 0; np < VS / 16; ++np) {
-    uint32_t bh[4], bl[4];
-    ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, np * 16, lane));
-    ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, np * 16, lane));
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int nj = 2 * np + q;
-      mma_bf16(d[nj][0], ah, bh[2 * q], bh[2 * q + 1]);
-      mma_bf16(d[nj][1], ah, bl[2 * q], bl[2 * q + 1]);
-      if constexpr (kALo) mma_bf16(d[nj][2], al, bh[2 * q], bh[2 * q + 1]);
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t bh[4], bl[4];
+      ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, n0 + np * 16, lane));
+      ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, n0 + np * 16, lane));
+      step(2 * np, bh[0], bh[1], bl[0], bl[1]);
+      step(2 * np + 1, bh[2], bh[3], bl[2], bl[3]);
     }
   }
 }
 
-/// d[nj][part] += A B over KSTEPS k-steps for a raw E operand A (fragment of step ks from
-/// load_a(ks, regs): K or Q tiles, either orientation) and a split B: parts A.hi B_hi,
-/// A.hi B_lo, A.lo B_hi (fp16 only: its raw values are exact bf16 hi + lo).
-template <class E, int KSTEPS, int VS, class LoadA>
+/// d[nt][part] += A B over KSTEPS k-steps for a raw E operand A (fragment of step ks from
+/// load_a(ks, regs): K or Q tiles, either orientation) and a split B (NT tiles from column n0):
+/// parts A.hi B_hi, A.hi B_lo, A.lo B_hi (fp16 only: its raw values are exact bf16 hi + lo).
+template <class E, int KSTEPS, int NT, int SP, class LoadA>
 __device__ __forceinline__ void raw_times_split(LoadA load_a, const __nv_bfloat16* Bh,
-                                                const __nv_bfloat16* Bl, float (&d)[VS / 8][3][4]) {
+                                                const __nv_bfloat16* Bl, int n0,
+                                                float (&d)[NT][3][4]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int ks = 0; ks < KSTEPS; ++ks) {
     uint32_t ar[4];
     load_a(ks, ar);
     const RawFrag<E> a(ar);
-    split_k_step<VS, RawFrag<E>::kTwo>(d, a.hi, a.lo, Bh, Bl, ks, lane);
+    split_k_step<NT, SP, RawFrag<E>::kTwo>(d, a.hi, a.lo, Bh, Bl, ks, n0, lane);
   }
 }
 
-/// d[nj][part] (row block mi) = A B for a split lower-triangular 64 x 64 A (Ah / Al, pitch
-/// kWyPP: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP]).
-template <int VS>
+/// d[nt][part] (row block mi) = A B for a split lower-triangular 64 x 64 A (Ah / Al, pitch
+/// kWyPP: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP], NT tiles from column n0).
+template <int NT, int SP>
 __device__ __forceinline__ void tri_split_times_split(const __nv_bfloat16* Ah,
                                                       const __nv_bfloat16* Al,
                                                       const __nv_bfloat16* Bh,
-                                                      const __nv_bfloat16* Bl, int mi,
-                                                      float (&d)[VS / 8][3][4]) {
+                                                      const __nv_bfloat16* Bl, int mi, int n0,
+                                                      float (&d)[NT][3][4]) {
   const int lane = threadIdx.x & 31;
   for (int ks = 0; ks <= mi; ++ks) {
     uint32_t ah[4], al[4];
     ldsm4(ah, Ah + frag_a(kWyPP, mi * 16, ks * 16, lane));
     ldsm4(al, Al + frag_a(kWyPP, mi * 16, ks * 16, lane));
-    split_k_step<VS, true>(d, ah, al, Bh, Bl, ks, lane);
+    split_k_step<NT, SP, true>(d, ah, al, Bh, Bl, ks, n0, lane);
   }
 }
 
@@ -405,15 +426,16 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using R = WyRecord;
   using E2 = std::conditional_t<std::is_same_v<E, __half>, __half2, __nv_bfloat162>;
-  constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8;
+  constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8, NH = NJ / 2;
   constexpr int64_t kStage = wy_stage_bytes<KD, VS>(), kTile = wy_tile_bytes<KD>();
   constexpr int kPanels = (KD + 63) / 64;
+  constexpr int kRecThreads = kWyRecWarps * 32, kRThreads = (kWyRecWarps + kWyReadWarps) * 32;
   // The 128-byte swizzle of the K / Q boxes needs their shared addresses 1024-byte aligned: the
   // dynamic block starts aligned (no static shared memory in this kernel) and every offset
   // below is a multiple of 1024.
   static_assert(R::bytes % 1024 == 0 && kStage % 1024 == 0 && kTile % 1024 == 0,
                 "swizzled TMA boxes need 1024 B alignment");
-  static_assert(MT <= kWyThreads / 32, "one key-row block per warp");
+  static_assert(MT <= kWyRecWarps && kWyReadWarps == 4, "warp roles");
   extern __shared__ __align__(1024) char smem[];
   // Stage st: record (T_hi, T_lo, PT_hi, PT_lo, scalars) | K, Q raw, each [KD/64 panels][64][128
   // B swizzled] (swz128: conflict-free ldmatrix, 128-byte TMA box rows) | V slice [64][VS] raw.
@@ -422,9 +444,12 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   auto st_v = [&](int st) {
     return reinterpret_cast<E*>(smem + st * kStage + R::bytes + 2 * kTile);
   };
-  auto* Sh = reinterpret_cast<__nv_bfloat16*>(smem + 2 * kStage);  // [KD][SP] state split
-  __nv_bfloat16* Sl = Sh + KD * SP;
-  __nv_bfloat16* Rh = Sl + KD * SP;  // [C][SP] R split
+  // State split, two buffers: chunk ch reads buffer ch % 2 (S_ch) and writes S_ch+1 into the
+  // other, so the read-out's Q S may still run while the state is updated.
+  auto* Sbuf = reinterpret_cast<__nv_bfloat16*>(smem + 2 * kStage);  // [2][hi, lo][KD][SP]
+  auto s_hi = [&](int b) { return Sbuf + (2 * b) * KD * SP; };
+  auto s_lo = [&](int b) { return Sbuf + (2 * b + 1) * KD * SP; };
+  __nv_bfloat16* Rh = Sbuf + 4 * KD * SP;  // [C][SP] R split
   __nv_bfloat16* Rl = Rh + C * SP;
   __nv_bfloat16* Xh = Rl + C * SP;  // [C][SP] diag(update scale) U split
   __nv_bfloat16* Xl = Xh + C * SP;
@@ -450,40 +475,43 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     mbar_init(&full[0], 1);
     mbar_init(&full[1], 1);
   }
-  // Warp w < KD/16 holds the state's key-row block w in registers: element (nj, e) is row
-  // w*16 + g + 8 (e / 2), column nj*8 + 2 t4 + e % 2.
-  const bool state_warp = warp < MT;
-  float sacc[NJ][4] = {};
-  auto store_state_split = [&] {
+  // The state in the recurrence warps' registers: warp w < MT * SCS holds key-row block
+  // srow = w % MT, columns scol.. (the slice, or its half when there are warps enough); element
+  // (nj, e) is row srow*16 + g + 8 (e / 2), column scol + nj*8 + 2 t4 + e % 2.
+  constexpr int SCS = 2 * MT <= kWyRecWarps ? 2 : 1, SNJ = NJ / SCS;
+  const bool state_warp = warp < MT * SCS;
+  const int srow = warp % MT, scol = (warp / MT) * (VS / SCS);
+  float sacc[SNJ][4] = {};
+  auto store_state_split = [&](int b) {
 #pragma unroll
-    for (int nj = 0; nj < NJ; ++nj)
+    for (int nj = 0; nj < SNJ; ++nj)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int r = warp * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
+        const int r = srow * 16 + g + hr * 8, cc = scol + nj * 8 + 2 * t4;
         uint32_t hi, lo;
         split_bf16x2(sacc[nj][2 * hr], sacc[nj][2 * hr + 1], hi, lo);
-        *reinterpret_cast<uint32_t*>(Sh + r * SP + cc) = hi;
-        *reinterpret_cast<uint32_t*>(Sl + r * SP + cc) = lo;
+        *reinterpret_cast<uint32_t*>(s_hi(b) + r * SP + cc) = hi;
+        *reinterpret_cast<uint32_t*>(s_lo(b) + r * SP + cc) = lo;
       }
   };
   if (state_warp) {
     if (slot.in)
 #pragma unroll
-      for (int nj = 0; nj < NJ; ++nj)
+      for (int nj = 0; nj < SNJ; ++nj)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int r = warp * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
+          const int r = srow * 16 + g + hr * 8, cc = scol + nj * 8 + 2 * t4;
           const float2 x = *reinterpret_cast<const float2*>(slot.in + int64_t(r) * V + c0 + cc);
           sacc[nj][2 * hr] = x.x, sacc[nj][2 * hr + 1] = x.y;
         }
-    store_state_split();
+    store_state_split(0);
   }
   __syncthreads();  // barriers initialised, state split visible
 
-  // Chunk ch's tiles into stage st, completing on full[st], issued by thread 0 right after the
-  // barrier that ends every read of that stage: the record by one bulk copy, the K and Q tiles
-  // by one tensor copy per 64-column panel, this slice's V columns by one more (rows past the
-  // tensor's end arrive as zeros). Warp 0's lanes also ask L2 for chunk ch + kAhead's record and
+  // Chunk ch's tiles into stage st, completing on full[st], issued by the producer warp right
+  // after the barrier that ends every read of that stage: the record by one bulk copy, the K and
+  // Q tiles by one tensor copy per 64-column panel, this slice's V columns by one more (rows past
+  // the tensor's end arrive as zeros). Its lanes also ask L2 for chunk ch + kAhead's record and
   // K / Q rows (each slice of the head a share of the 128-byte lines), so that the copies find
   // them in L2 rather than DRAM.
   constexpr int kAhead = 3;
@@ -517,138 +545,163 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
                                                     (rem % lpr) * 128));
     }
   };
-  constexpr int kProducer = kWyThreads / 32;  // the warp that issues copies and prefetches
-  if (warp == kProducer) {
+  if (warp == kWyProducer) {
     for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
     if (nch > 0 && lane == 0) issue(0, 0);
   }
 
 #ifdef KLA_WY_PROFILE
-  const bool prof_on = blockIdx.x == 0 && (tid == 0 || tid == 128);
+  const bool prof_on = blockIdx.x == 0 && (tid == 0 || tid == kRecThreads);
   long long prof[7] = {}, prof_t = clock64();
 #endif
   for (int ch = 0; ch < nch; ++ch) {
-    const int st = ch & 1;
+    const int st = ch & 1, sb = ch & 1;
     const int64_t cs0 = int64_t(ch) * C;
     const int L = int(sr.len - cs0 < C ? sr.len - cs0 : C);
     const int64_t tb = sr.t0 + cs0;
     KLA_WY_MARK(6);
     mbar_wait(&full[st], unsigned(ch >> 1) & 1u);
     KLA_WY_MARK(0);
-    if (L < C)  // a last chunk: rows past the sequence end may hold the next sequence's tokens
-      for (int idx = tid; idx < 2 * kPanels * (C - L) * 8; idx += kWyScanThreads) {
-        const int pn = idx / ((C - L) * 8), rem = idx % ((C - L) * 8);  // pn: (K|Q, panel)
+    // A last chunk: key rows past the sequence end may hold the next sequence's tokens; zero
+    // them (the recurrence warps, their only readers). Query rows there only reach output rows
+    // that are not written.
+    if (L < C && warp < kWyRecWarps)
+      for (int idx = tid; idx < kPanels * (C - L) * 8; idx += kRecThreads) {
+        const int pn = idx / ((C - L) * 8), rem = idx % ((C - L) * 8);
         reinterpret_cast<uint4*>(st_k(st) + pn * (C * 64) + (L + rem / 8) * 64)[rem % 8] =
             make_uint4(0, 0, 0, 0);
       }
-    __syncthreads();  // chunk ch's tiles visible to all; every thread is done with stage st ^ 1
+    // Chunk ch's tiles visible to all; every read of stage st ^ 1 (chunk ch - 1, read-out
+    // included) and of state buffer sb ^ 1 is done.
+    __syncthreads();
     KLA_WY_MARK(1);
-    if (warp == kProducer) {  // off the compute warps' critical path
-      if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
-      if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
-    }
     const char* rec = st_rec(st);
     const float* sc = reinterpret_cast<const float*>(rec + R::sc);
     const E* Ks = st_k(st);
     const E* Qs = Ks + kTile / 2;
-    const E* Vs = st_v(st);
-    // Row block of R / X (warp w < 4: w) or of the read-out (warp w >= 4: 7 - w). Warps w and
-    // w + 4 share a scheduler, so step 2's triangular products (k-blocks 0..mi) pair a long one
-    // with a short one: 5 k-blocks per scheduler rather than 2..8.
-    const int mi = warp < 4 ? warp : 7 - warp;
 
-    // Step 1. Warps 0-3: R = diag(cu) V - diag(cw) K S. Warps 4-7: O0 = diag(gamma qscale) Q S.
-    float o0[NJ][4];
-    if (warp < kProducer) {
-      float d[NJ][3][4] = {};
-      const E* A = warp < 4 ? Ks : Qs;  // K S (for R) or Q S (read-out), S split
-      raw_times_split<E, KD / 16, VS>(
-          [&](int ks, uint32_t(&r)[4]) { ldsm4(r, A + frag_a_swz(mi * 16, ks * 16, lane)); }, Sh,
-          Sl, d);
+    if (warp < kWyRecWarps) {
+      // Step A. R = diag(cu) V - diag(cw) K S for row block w % 4, columns of half w / 4.
+      {
+        const int mi = warp & 3, n0 = (warp >> 2) * (VS / 2);
+        float d[NH][3][4] = {};
+        raw_times_split<E, KD / 16, NH, SP>(
+            [&](int ks, uint32_t(&r)[4]) { ldsm4(r, Ks + frag_a_swz(mi * 16, ks * 16, lane)); },
+            s_hi(sb), s_lo(sb), n0, d);
+        const E* Vs = st_v(st);
 #pragma unroll
-      for (int nj = 0; nj < NJ; ++nj)
+        for (int nt = 0; nt < NH; ++nt)
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int i = mi * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
-          const float y0 = parts_sum(d[nj], 2 * hr), y1 = parts_sum(d[nj], 2 * hr + 1);
-          if (warp < 4) {
+          for (int hr = 0; hr < 2; ++hr) {
+            const int i = mi * 16 + g + hr * 8, cc = n0 + nt * 8 + 2 * t4;
             const E2 v = *reinterpret_cast<const E2*>(Vs + i * VS + cc);
             const float cu = sc[kWyColU + i], cw = sc[kWyColW + i];
             uint32_t hi, lo;
-            split_bf16x2(fmaf(cu, Dtype<E>::to_float(v.x), -cw * y0),
-                         fmaf(cu, Dtype<E>::to_float(v.y), -cw * y1), hi, lo);
+            split_bf16x2(fmaf(cu, Dtype<E>::to_float(v.x), -cw * parts_sum(d[nt], 2 * hr)),
+                         fmaf(cu, Dtype<E>::to_float(v.y), -cw * parts_sum(d[nt], 2 * hr + 1)), hi,
+                         lo);
             *reinterpret_cast<uint32_t*>(Rh + i * SP + cc) = hi;
             *reinterpret_cast<uint32_t*>(Rl + i * SP + cc) = lo;
-          } else {
-            const float s = sc[i];
-            o0[nj][2 * hr] = s * y0, o0[nj][2 * hr + 1] = s * y1;
           }
-        }
-    }
-    KLA_WY_MARK(2);
-    __syncthreads();  // R split visible
-    KLA_WY_MARK(3);
-
-    // Step 2. Warps 0-3: X = diag(update) T R. Warps 4-7: O = O0 + (P T) R, written out.
-    if (warp < kProducer) {
-      const auto* Ah = reinterpret_cast<const __nv_bfloat16*>(rec + (warp < 4 ? R::th : R::ph));
-      const auto* Al = reinterpret_cast<const __nv_bfloat16*>(rec + (warp < 4 ? R::tl : R::pl));
+      }
+      KLA_WY_MARK(2);
+      named_bar_arrive(kWyBarR, kRThreads);    // R ready for the read-out warps
+      named_bar_sync(kWyBarRec, kRecThreads);  // R visible to the recurrence warps
+      KLA_WY_MARK(3);
+      // Step B. X = diag(update) T R. Warps w and w + 4 share a scheduler: w takes row block w,
+      // w + 4 row block 3 - w (other column half), so each scheduler has 5 k-blocks.
+      {
+        const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / 2);
+        const auto* Th = reinterpret_cast<const __nv_bfloat16*>(rec + R::th);
+        const auto* Tl = reinterpret_cast<const __nv_bfloat16*>(rec + R::tl);
+        float d[NH][3][4] = {};
+        tri_split_times_split<NH, SP>(Th, Tl, Rh, Rl, mi, n0, d);
+#pragma unroll
+        for (int nt = 0; nt < NH; ++nt)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int i = mi * 16 + g + hr * 8, cc = n0 + nt * 8 + 2 * t4;
+            const float w = sc[kWyScUpd + i];
+            uint32_t hi, lo;
+            split_bf16x2(w * parts_sum(d[nt], 2 * hr), w * parts_sum(d[nt], 2 * hr + 1), hi, lo);
+            *reinterpret_cast<uint32_t*>(Xh + i * SP + cc) = hi;
+            *reinterpret_cast<uint32_t*>(Xl + i * SP + cc) = lo;
+          }
+      }
+      KLA_WY_MARK(4);
+      named_bar_sync(kWyBarRec, kRecThreads);  // X visible to the state warps
+      KLA_WY_MARK(5);
+      // Step C. The state warps: S <- gamma_C S + K^T X on their block (the parts in separate
+      // accumulators: shorter dependency chains), split into the other buffer.
+      if (state_warp) {
+        float d[SNJ][3][4] = {};
+        raw_times_split<E, C / 16, SNJ, SP>(  // K^T X: the K tile read transposed
+            [&](int ks, uint32_t(&r)[4]) {
+              ldsm4_t(r, Ks + frag_a_t_swz(srow * 16, ks * 16, lane));
+            },
+            Xh, Xl, scol, d);
+        const float gend = sc[kWyGend];
+#pragma unroll
+        for (int nj = 0; nj < SNJ; ++nj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sacc[nj][e] = fmaf(gend, sacc[nj][e], parts_sum(d[nj], e));
+        store_state_split(sb ^ 1);  // read after the next chunk's first barrier
+      }
+    } else if (warp < kWyProducer) {
+      // Read-out of row block mi: O = diag(gamma qscale) Q S_ch + (P T) R, written out: Q S
+      // while the recurrence warps form R, (P T) R once they have.
+      const int mi = warp - kWyRecWarps;
+      float o0[NJ][4];
+      {
+        float d[NJ][3][4] = {};
+        raw_times_split<E, KD / 16, NJ, SP>(
+            [&](int ks, uint32_t(&r)[4]) { ldsm4(r, Qs + frag_a_swz(mi * 16, ks * 16, lane)); },
+            s_hi(sb), s_lo(sb), 0, d);
+#pragma unroll
+        for (int nj = 0; nj < NJ; ++nj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            o0[nj][e] = sc[mi * 16 + g + (e >> 1) * 8] * parts_sum(d[nj], e);
+      }
+      named_bar_sync(kWyBarR, kRThreads);  // R of this chunk visible
+      const auto* Ph = reinterpret_cast<const __nv_bfloat16*>(rec + R::ph);
+      const auto* Pl = reinterpret_cast<const __nv_bfloat16*>(rec + R::pl);
       float d[NJ][3][4] = {};
-      tri_split_times_split<VS>(Ah, Al, Rh, Rl, mi, d);
+      tri_split_times_split<NJ, SP>(Ph, Pl, Rh, Rl, mi, 0, d);
 #pragma unroll
       for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int i = mi * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
-          const float z0 = parts_sum(d[nj], 2 * hr), z1 = parts_sum(d[nj], 2 * hr + 1);
-          if (warp < 4) {
-            const float w = sc[kWyScUpd + i];
-            uint32_t hi, lo;
-            split_bf16x2(w * z0, w * z1, hi, lo);
-            *reinterpret_cast<uint32_t*>(Xh + i * SP + cc) = hi;
-            *reinterpret_cast<uint32_t*>(Xl + i * SP + cc) = lo;
-          } else if (i < L) {
-            E2 pair;
-            pair.x = Dtype<E>::from_float(o0[nj][2 * hr] + z0);
-            pair.y = Dtype<E>::from_float(o0[nj][2 * hr + 1] + z1);
-            *reinterpret_cast<E2*>(obase + (tb + i) * p.os[1] + cc) = pair;
-          }
+          if (i >= L) continue;
+          E2 pair;
+          pair.x = Dtype<E>::from_float(o0[nj][2 * hr] + parts_sum(d[nj], 2 * hr));
+          pair.y = Dtype<E>::from_float(o0[nj][2 * hr + 1] + parts_sum(d[nj], 2 * hr + 1));
+          *reinterpret_cast<E2*>(obase + (tb + i) * p.os[1] + cc) = pair;
         }
-    }
-    KLA_WY_MARK(4);
-    __syncthreads();  // X split visible
-    KLA_WY_MARK(5);
-
-    // Step 3. Warp w < KD/16: S_w <- gamma_C S_w + K_w^T X (the parts in separate accumulators:
-    // shorter dependency chains).
-    if (state_warp) {
-      float d[NJ][3][4] = {};
-      raw_times_split<E, C / 16, VS>(  // K^T X: the K tile read transposed
-          [&](int ks, uint32_t(&r)[4]) { ldsm4_t(r, Ks + frag_a_t_swz(warp * 16, ks * 16, lane)); },
-          Xh, Xl, d);
-      const float gend = sc[kWyGend];
-#pragma unroll
-      for (int nj = 0; nj < NJ; ++nj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sacc[nj][e] = fmaf(gend, sacc[nj][e], parts_sum(d[nj], e));
-      store_state_split();  // read after the next chunk's first barrier
+      named_bar_sync(kWyBarPadRead, kWyReadWarps * 32);  // racecheck's count (see above)
+    } else {  // the producer: the next chunk's copies (stage st ^ 1 is free after the barrier)
+      if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
+      if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
+      named_bar_sync(kWyBarPadProducer, 32);  // racecheck's count (see above)
+      named_bar_sync(kWyBarPadProducer, 32);
     }
   }
 
 #ifdef KLA_WY_PROFILE
   if (prof_on)
     printf(
-        "wy scan block 0 warp %d, cycles per chunk (%d chunks): wait %lld, barrier0 %lld, step1 "
-        "%lld, barrier1 %lld, step2 %lld, barrier2 %lld, step3 %lld\n",
+        "wy scan block 0 warp %d, cycles per chunk (%d chunks): wait %lld, barrier0 %lld, stepA "
+        "%lld, barrierA %lld, stepB %lld, barrierB %lld, stepC %lld\n",
         warp, nch, prof[0] / nch, prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch,
         prof[5] / nch, prof[6] / nch);
 #endif
   if (state_warp && slot.out)
 #pragma unroll
-    for (int nj = 0; nj < NJ; ++nj)
+    for (int nj = 0; nj < SNJ; ++nj)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int r = warp * 16 + g + hr * 8, cc = nj * 8 + 2 * t4;
+        const int r = srow * 16 + g + hr * 8, cc = scol + nj * 8 + 2 * t4;
         *reinterpret_cast<float2*>(slot.out + int64_t(r) * V + c0 + cc) =
             make_float2(sacc[nj][2 * hr], sacc[nj][2 * hr + 1]);
       }
@@ -701,12 +754,12 @@ cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const cha
   constexpr int64_t bytes = wy_scan_smem_bytes<KD, VS>();
   CUtensorMap vmap;
   if (!make_tile_map<E>(vmap, p.v, p.vs, p, p.V, p.HV, VS, false)) return cudaErrorInvalidValue;
-  const cudaError_t e = cudaFuncSetAttribute(
-      chunk_wy_scan_kernel<E, KD, VS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  const auto kern = chunk_wy_scan_kernel<E, KD, VS>;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e != cudaSuccess) return e;
   const int64_t blocks = int64_t(p.N) * p.HV * (p.V / VS);
-  chunk_wy_scan_kernel<E, KD, VS>
-      <<<dim3(unsigned(blocks)), kWyScanThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap, vmap);
+  kern<<<dim3(unsigned(blocks)), kWyScanThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap, vmap);
   return cudaGetLastError();
 }
 
