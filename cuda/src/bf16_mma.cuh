@@ -104,6 +104,14 @@ __device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uin
   hi = *reinterpret_cast<const uint32_t*>(&h);
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
+/// split_bf16x2 of (x, y), the hi pair stored at hi_dst and the lo pair at lo_dst (4-byte
+/// aligned; shared or global memory).
+__device__ __forceinline__ void store_split_bf16x2(void* hi_dst, void* lo_dst, float x, float y) {
+  uint32_t hi, lo;
+  split_bf16x2(x, y, hi, lo);
+  *static_cast<uint32_t*>(hi_dst) = hi;
+  *static_cast<uint32_t*>(lo_dst) = lo;
+}
 /// An fp16 pair as bf16 hi + lo: exact (11 significant bits fit in 8 + 8, and bf16's range
 /// covers fp16's, subnormals included).
 __device__ __forceinline__ void split_f16x2(uint32_t r, uint32_t& hi, uint32_t& lo) {

@@ -56,19 +56,12 @@ __global__ void __launch_bounds__(kChunkThreads)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   constexpr int nwarps = kChunkThreads / 32;
-  const int nslices = V / VS;
-  const int slice = int(blockIdx.x % nslices);
-  const int hv = int((blockIdx.x / nslices) % p.HV);
-  const int n = int(blockIdx.x / (unsigned(nslices) * p.HV));
-  const int h = hv / (p.HV / p.H);
-  const int64_t KV = int64_t(K) * V;
-  const int c0 = slice * VS;
-
-  const StateSlot slot = state_slot(p, n, hv, KV);
-  if (slot.skip) return;  // pool index -1: nothing read, nothing written
-  const float* s_in = slot.in;
-  float* s_out = slot.out;
-  const SeqRange sr = seq_range(p, n);
+  const ScanTile blk = scan_tile(p, K, V, VS);
+  if (blk.slot.skip) return;  // pool index -1: nothing read, nothing written
+  const int hv = blk.hv, n = blk.n, h = blk.h, c0 = blk.c0;
+  const float* s_in = blk.slot.in;
+  float* s_out = blk.slot.out;
+  const SeqRange sr = blk.sr;
   const E* qb = static_cast<const E*>(p.q);
   const E* kb = static_cast<const E*>(p.k);
   const E* vb = static_cast<const E*>(p.v);

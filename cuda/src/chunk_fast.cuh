@@ -187,6 +187,25 @@ __device__ __forceinline__ int64_t chunk_slot(const KernelParams& p, int n, cons
 
 // ---- pass 1: per-chunk preparation -----------------------------------------------------
 
+/// What a preparation block (grid: chunk, value head, sequence) works on: chunk c of sequence n
+/// for value head hv (query / key head h), its L tokens from row tb of batch row sr.b; L = 0
+/// when the chunk lies past the sequence's end.
+struct PrepTile {
+  int c, hv, n, h, L;
+  SeqRange sr;
+  int64_t tb;
+};
+__device__ __forceinline__ PrepTile prep_tile(const KernelParams& p) {
+  PrepTile t;
+  t.c = int(blockIdx.x), t.hv = int(blockIdx.y), t.n = int(blockIdx.z);
+  t.h = t.hv / (p.HV / p.H);
+  t.sr = seq_range(p, t.n);
+  const int64_t cs = int64_t(t.c) * kFC;
+  t.L = cs >= t.sr.len ? 0 : int(t.sr.len - cs < kFC ? t.sr.len - cs : kFC);
+  t.tb = t.sr.t0 + cs;
+  return t;
+}
+
 /// Region of the raw K / Q tiles (E) and, aliased after the products, of T's columns (fp32).
 __host__ __device__ inline int64_t prep_kq_floats(int K, int esize) {
   const int64_t kq = 2LL * kFC * (K + 16 / esize) * esize / 4;
@@ -341,13 +360,11 @@ __global__ void __launch_bounds__(kPrepThreads)
   float* smem = reinterpret_cast<float*>(smem4);
   const int K = p.K, KP = raw_pitch<E>(K);
   constexpr int C = kFC;
-  const int c = int(blockIdx.x), hv = int(blockIdx.y), n = int(blockIdx.z);
-  const SeqRange sr = seq_range(p, n);
-  const int64_t cs = int64_t(c) * C;
-  if (cs >= sr.len) return;
-  const int L = int(sr.len - cs < C ? sr.len - cs : C);
-  const int64_t tb = sr.t0 + cs;
-  const int h = hv / (p.HV / p.H);
+  const PrepTile pt = prep_tile(p);
+  if (pt.L == 0) return;
+  const int c = pt.c, hv = pt.hv, n = pt.n, h = pt.h, L = pt.L;
+  const SeqRange sr = pt.sr;
+  const int64_t tb = pt.tb;
 
   E* ks = reinterpret_cast<E*>(smem);  // [C][KP] raw keys
   E* qs = ks + C * KP;                 // [C][KP] raw queries
@@ -472,19 +489,12 @@ __global__ void __launch_bounds__(kScanThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int nslices = V / VS;
-  const int slice = int(blockIdx.x % nslices);
-  const int hv = int((blockIdx.x / nslices) % p.HV);
-  const int n = int(blockIdx.x / (unsigned(nslices) * p.HV));
-  const int h = hv / (p.HV / p.H);
-  const int64_t KV = int64_t(K) * V;
-  const int c0 = slice * VS;
-
-  const StateSlot slot = state_slot(p, n, hv, KV);
-  if (slot.skip) return;  // pool index -1: nothing read, nothing written
-  const float* s_in = slot.in;
-  float* s_out = slot.out;
-  const SeqRange sr = seq_range(p, n);
+  const ScanTile blk = scan_tile(p, K, V, VS);
+  if (blk.slot.skip) return;  // pool index -1: nothing read, nothing written
+  const int hv = blk.hv, n = blk.n, h = blk.h, c0 = blk.c0;
+  const float* s_in = blk.slot.in;
+  float* s_out = blk.slot.out;
+  const SeqRange sr = blk.sr;
   const E* qb = static_cast<const E*>(p.q);
   const E* kb = static_cast<const E*>(p.k);
   const E* vb = static_cast<const E*>(p.v);

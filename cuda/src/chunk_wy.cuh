@@ -79,20 +79,28 @@ struct WyRecord {
   static_assert(bytes == kla::detail::kWyRecordBytes, "workspace.hpp layout");
 };
 
-/// Issues cp.async copies of rows [0, kFC) of a [.., T, head, ncols] tensor (row stride rs, first
-/// row at src) into dst (pitch DP elements); rows >= L are zero-filled. Not committed. Thread
-/// tid takes the 16-byte pieces tid, tid + blockDim.x, ...; (row, piece) are stepped, not divided.
-template <class E>
-__device__ __forceinline__ void load_rows_async(E* dst, int DP, const E* src, int64_t rs, int L,
-                                                int ncols) {
-  constexpr int VE = int(16 / sizeof(E));
-  const int nv = ncols / VE, step = int(blockDim.x);
-  const int di = step / nv, dr = (step - di * nv) * VE;
-  int i = int(threadIdx.x) / nv, r = (int(threadIdx.x) - i * nv) * VE;
-  while (i < kFC) {
-    cp16(dst + i * DP + r, src + int64_t(i < L ? i : 0) * rs + r, i < L);
-    i += di, r += dr;
-    if (r >= ncols) r -= ncols, ++i;
+/// Issues cp.async copies of rows [0, kFC) of a [.., T, head, NCOLS] tensor (row stride rs, first
+/// row at src) into dst (pitch DP elements); rows >= L are zero-filled. Not committed. Called by
+/// all kWyThreads threads. When whole rows fit a pass, thread tid keeps one 16-byte column piece
+/// and steps rows (no index arithmetic per copy); otherwise it takes pieces tid, tid +
+/// kWyThreads, ... with (row, piece) stepped, not divided.
+template <class E, int NCOLS>
+__device__ __forceinline__ void load_rows_async(E* dst, int DP, const E* src, int64_t rs, int L) {
+  constexpr int VE = int(16 / sizeof(E)), nv = NCOLS / VE;
+  if constexpr (kWyThreads % nv == 0) {
+    constexpr int di = kWyThreads / nv;
+    const int r = (int(threadIdx.x) % nv) * VE;
+#pragma unroll
+    for (int i = int(threadIdx.x) / nv; i < kFC; i += di)
+      cp16(dst + i * DP + r, src + int64_t(i < L ? i : 0) * rs + r, i < L);
+  } else {
+    constexpr int di = kWyThreads / nv, dr = (kWyThreads - di * nv) * VE;
+    int i = int(threadIdx.x) / nv, r = (int(threadIdx.x) - i * nv) * VE;
+    while (i < kFC) {
+      cp16(dst + i * DP + r, src + int64_t(i < L ? i : 0) * rs + r, i < L);
+      i += di, r += dr;
+      if (r >= NCOLS) r -= NCOLS, ++i;
+    }
   }
 }
 
@@ -127,13 +135,11 @@ __global__ void __launch_bounds__(kWyThreads)
   constexpr int C = kFC, KP = KD + 8;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
-  const int c = int(blockIdx.x), hv = int(blockIdx.y), n = int(blockIdx.z);
-  const SeqRange sr = seq_range(p, n);
-  const int64_t cs = int64_t(c) * C;
-  if (cs >= sr.len) return;
-  const int L = int(sr.len - cs < C ? sr.len - cs : C);
-  const int64_t tb = sr.t0 + cs;
-  const int h = hv / (p.HV / p.H);
+  const PrepTile pt = prep_tile(p);
+  if (pt.L == 0) return;
+  const int c = pt.c, hv = pt.hv, n = pt.n, h = pt.h, L = pt.L;
+  const SeqRange sr = pt.sr;
+  const int64_t tb = pt.tb;
 
   constexpr int64_t kq_bytes = int64_t(C) * KP * 2, l_bytes = int64_t(C) * kMP * 4;
   E* Kr = reinterpret_cast<E*>(smem);            // [C][KP] raw keys, then the inverse's scratch
@@ -151,13 +157,15 @@ __global__ void __launch_bounds__(kWyThreads)
                                                 (int64_t(C) * kMP + 5 * C) * 4 + 2 * C * 4,
                 "prep shared layout");
   static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
+  static_assert((kq_bytes + (kq_bytes > l_bytes ? kq_bytes : l_bytes)) % 16 == 0,
+                "T's rows are read as float4");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const E* kb = static_cast<const E*>(p.k) + sr.b * p.ks[0] + tb * p.ks[1] + int64_t(h) * p.ks[2];
   const E* qb = static_cast<const E*>(p.q) + sr.b * p.qs[0] + tb * p.qs[1] + int64_t(h) * p.qs[2];
-  load_rows_async(Kr, KP, kb, p.ks[1], L, KD);
-  load_rows_async(Qr, KP, qb, p.qs[1], L, KD);
+  load_rows_async<E, KD>(Kr, KP, kb, p.ks[1], L);
+  load_rows_async<E, KD>(Qr, KP, qb, p.qs[1], L);
   cp_commit();
   cp_wait<0>();
   __syncthreads();
@@ -241,26 +249,27 @@ __global__ void __launch_bounds__(kWyThreads)
   epilogue(true, Pf);
   __syncthreads();
 
-  // T split into the record: row i, 8-column group u8 (8: the pitch padding), 16-byte stores in
-  // record order (coalesced). T is read only on and below the diagonal blocks, where tm is valid
-  // (zeros above the diagonal inside them). P T's groups above the diagonal blocks and its
-  // padding are zeros, written the same way.
-  for (int idx = tid; idx < 2 * C * 9; idx += kWyThreads) {
-    const bool isp = idx >= C * 9;
-    const int r = isp ? idx - C * 9 : idx, i = r / 9, u8 = r - (r / 9) * 9, j0 = u8 * 8;
-    const bool live = u8 < 8 && (j0 >> 4) <= (i >> 4);
-    if (isp && live) continue;  // P T's lower blocks: the tensor-core units below
-    float x[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = live ? tm[i * kMP + j0 + e] : 0.f;
-    uint4 hi, lo;
-    split_bf16x2(x[0], x[1], hi.x, lo.x);
-    split_bf16x2(x[2], x[3], hi.y, lo.y);
-    split_bf16x2(x[4], x[5], hi.z, lo.z);
-    split_bf16x2(x[6], x[7], hi.w, lo.w);
+  // T split into the record, with P T's zero groups: row i, 8-column group u8 (8: the pitch
+  // padding), 16-byte stores in record order (coalesced). T is read only on and below the
+  // diagonal blocks, where tm is valid (zeros above the diagonal inside them); P T's groups there
+  // come from the tensor-core units below, the others (and the padding) are zeros.
+  for (int idx = tid; idx < C * 9; idx += kWyThreads) {
+    const int i = idx / 9, u8 = idx - i * 9, j0 = u8 * 8;
     const int64_t off = (int64_t(i) * kWyPP + j0) * 2;
-    *reinterpret_cast<uint4*>(rec + (isp ? R::ph : R::th) + off) = hi;
-    *reinterpret_cast<uint4*>(rec + (isp ? R::pl : R::tl) + off) = lo;
+    uint4 hi = make_uint4(0u, 0u, 0u, 0u), lo = hi;
+    if (u8 < 8 && (j0 >> 4) <= (i >> 4)) {
+      const float4 x0 = *reinterpret_cast<const float4*>(tm + i * kMP + j0);
+      const float4 x1 = *reinterpret_cast<const float4*>(tm + i * kMP + j0 + 4);
+      split_bf16x2(x0.x, x0.y, hi.x, lo.x);
+      split_bf16x2(x0.z, x0.w, hi.y, lo.y);
+      split_bf16x2(x1.x, x1.y, hi.z, lo.z);
+      split_bf16x2(x1.z, x1.w, hi.w, lo.w);
+    } else {
+      *reinterpret_cast<uint4*>(rec + R::ph + off) = hi;
+      *reinterpret_cast<uint4*>(rec + R::pl + off) = lo;
+    }
+    *reinterpret_cast<uint4*>(rec + R::th + off) = hi;
+    *reinterpret_cast<uint4*>(rec + R::tl + off) = lo;
   }
   // P T on the 10 lower 16 x 16 tiles (mi, nb): sum over k-blocks nb..mi of P_(mi,ks) T_(ks,nb),
   // fp32 operands split into bf16 hi + lo as they are loaded (hi hi + hi lo + lo hi).
@@ -295,12 +304,10 @@ __global__ void __launch_bounds__(kWyThreads)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int i = mi * 16 + g + hr * 8, j = nb * 16 + nt * 8 + 2 * t4;
-        uint32_t hi, lo;
-        split_bf16x2(d[nt][0][2 * hr] + (d[nt][1][2 * hr] + d[nt][2][2 * hr]),
-                     d[nt][0][2 * hr + 1] + (d[nt][1][2 * hr + 1] + d[nt][2][2 * hr + 1]), hi, lo);
         const int64_t off = (int64_t(i) * kWyPP + j) * 2;
-        *reinterpret_cast<uint32_t*>(rec + R::ph + off) = hi;
-        *reinterpret_cast<uint32_t*>(rec + R::pl + off) = lo;
+        store_split_bf16x2(rec + R::ph + off, rec + R::pl + off,
+                           d[nt][0][2 * hr] + (d[nt][1][2 * hr] + d[nt][2][2 * hr]),
+                           d[nt][0][2 * hr + 1] + (d[nt][1][2 * hr + 1] + d[nt][2][2 * hr + 1]));
       }
   }
   // Per-token scalars (layout at kWyScUpd above).
@@ -457,16 +464,12 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int nslices = p.V / VS;
-  const int slice = int(blockIdx.x % nslices);
-  const int hv = int((blockIdx.x / nslices) % p.HV);
-  const int n = int(blockIdx.x / (unsigned(nslices) * p.HV));
-  const int h = hv / (p.HV / p.H);
-  const int V = p.V, c0 = slice * VS;
-  const int64_t KV = int64_t(KD) * V;
-  const StateSlot slot = state_slot(p, n, hv, KV);
-  if (slot.skip) return;  // pool index -1: nothing read, nothing written
-  const SeqRange sr = seq_range(p, n);
+  const int V = p.V, nslices = V / VS;
+  const ScanTile blk = scan_tile(p, KD, V, VS);
+  if (blk.slot.skip) return;  // pool index -1: nothing read, nothing written
+  const int slice = blk.slice, hv = blk.hv, n = blk.n, h = blk.h, c0 = blk.c0;
+  const StateSlot slot = blk.slot;
+  const SeqRange sr = blk.sr;
   const int nch = int((sr.len + C - 1) / C);
   E* obase = static_cast<E*>(p.o) + sr.b * p.os[0] + int64_t(hv) * p.os[2] + c0;
   const int64_t rec_bytes = p.ws_record_floats * 4;
@@ -488,10 +491,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int r = srow * 16 + g + hr * 8, cc = scol + nj * 8 + 2 * t4;
-        uint32_t hi, lo;
-        split_bf16x2(sacc[nj][2 * hr], sacc[nj][2 * hr + 1], hi, lo);
-        *reinterpret_cast<uint32_t*>(s_hi(b) + r * SP + cc) = hi;
-        *reinterpret_cast<uint32_t*>(s_lo(b) + r * SP + cc) = lo;
+        store_split_bf16x2(s_hi(b) + r * SP + cc, s_lo(b) + r * SP + cc, sacc[nj][2 * hr],
+                           sacc[nj][2 * hr + 1]);
       }
   };
   if (state_warp) {
@@ -596,12 +597,10 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
             const int i = mi * 16 + g + hr * 8, cc = n0 + nt * 8 + 2 * t4;
             const E2 v = *reinterpret_cast<const E2*>(Vs + i * VS + cc);
             const float cu = sc[kWyColU + i], cw = sc[kWyColW + i];
-            uint32_t hi, lo;
-            split_bf16x2(fmaf(cu, Dtype<E>::to_float(v.x), -cw * parts_sum(d[nt], 2 * hr)),
-                         fmaf(cu, Dtype<E>::to_float(v.y), -cw * parts_sum(d[nt], 2 * hr + 1)), hi,
-                         lo);
-            *reinterpret_cast<uint32_t*>(Rh + i * SP + cc) = hi;
-            *reinterpret_cast<uint32_t*>(Rl + i * SP + cc) = lo;
+            store_split_bf16x2(
+                Rh + i * SP + cc, Rl + i * SP + cc,
+                fmaf(cu, Dtype<E>::to_float(v.x), -cw * parts_sum(d[nt], 2 * hr)),
+                fmaf(cu, Dtype<E>::to_float(v.y), -cw * parts_sum(d[nt], 2 * hr + 1)));
           }
       }
       KLA_WY_MARK(2);
@@ -622,10 +621,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
           for (int hr = 0; hr < 2; ++hr) {
             const int i = mi * 16 + g + hr * 8, cc = n0 + nt * 8 + 2 * t4;
             const float w = sc[kWyScUpd + i];
-            uint32_t hi, lo;
-            split_bf16x2(w * parts_sum(d[nt], 2 * hr), w * parts_sum(d[nt], 2 * hr + 1), hi, lo);
-            *reinterpret_cast<uint32_t*>(Xh + i * SP + cc) = hi;
-            *reinterpret_cast<uint32_t*>(Xl + i * SP + cc) = lo;
+            store_split_bf16x2(Xh + i * SP + cc, Xl + i * SP + cc, w * parts_sum(d[nt], 2 * hr),
+                               w * parts_sum(d[nt], 2 * hr + 1));
           }
       }
       KLA_WY_MARK(4);

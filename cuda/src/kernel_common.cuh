@@ -98,6 +98,27 @@ __device__ __forceinline__ StateSlot state_slot(const KernelParams& p, int n, in
           p.s_out ? p.s_out + (int64_t(n) * p.HV + hv) * KV : nullptr, false};
 }
 
+/// What a scan block (one per value-column slice, value head and sequence; slices fastest in
+/// blockIdx.x) works on: value columns [c0, c0 + VS) of value head hv (query / key head h) of
+/// sequence n, its state slot and token range.
+struct ScanTile {
+  int n, hv, h, slice, c0;
+  StateSlot slot;
+  SeqRange sr;
+};
+__device__ __forceinline__ ScanTile scan_tile(const KernelParams& p, int K, int V, int VS) {
+  const int nslices = V / VS;
+  ScanTile t;
+  t.slice = int(blockIdx.x % nslices);
+  t.hv = int((blockIdx.x / nslices) % p.HV);
+  t.n = int(blockIdx.x / (unsigned(nslices) * p.HV));
+  t.h = t.hv / (p.HV / p.H);
+  t.c0 = t.slice * VS;
+  t.slot = state_slot(p, t.n, t.hv, int64_t(K) * V);
+  t.sr = seq_range(p, t.n);
+  return t;
+}
+
 /// The per-token coefficients of the normalised-key form (SPEC §1): KLA(q,k,v,eta) equals
 /// GDN(q, k^, v^, beta = eta) with k^ = k/r, v^ = v/r, r = sqrt(|k|^2 + eps). Kernels scale
 /// keys and values by `kscale` and use `beta`; for |k|^2 + eps == 0 both are 0 (the degenerate
