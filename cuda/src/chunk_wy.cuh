@@ -62,8 +62,8 @@ constexpr int kWyScanThreads = (kWyProducer + 1) * 32;
 // Named barriers (0 is __syncthreads): R ready for the read-out warps (the recurrence warps
 // arrive, the read-out warps wait), the recurrence warps among themselves (R, then X), and two
 // that only pad the read-out and producer warps to three barrier waits per chunk, as many as the
-// recurrence warps: compute-sanitizer racecheck orders two warps' accesses by how many barriers
-// each has waited at (as if every barrier were block-wide), and without the padding it reports
+// recurrence warps: compute-sanitizer racecheck behaves as if it ordered two warps' accesses by
+// how many barriers each has waited at (prefill_notes.md, w18), and without the padding reports
 // accesses ordered by the chunk's __syncthreads as hazards.
 constexpr int kWyBarR = 1, kWyBarRec = 2, kWyBarPadRead = 3, kWyBarPadProducer = 4;
 constexpr int kWyPP = kFC + 8;  // pitch (elements) of the record's 64 x 64 bf16 tiles
