@@ -323,17 +323,17 @@ __device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, fl
     if (warp < 2 * (4 - d)) {
       const int b = warp >> 1, a = b + d, n0 = b * 16 + (warp & 1) * 8;
       float* ys = scratch + warp * 16 * 12;
-      float y[3][2][4] = {};  // [part][row half][c]: parts hi hi, hi lo, lo hi
+      float y[3][4] = {};  // [part][c]: parts hi hi, hi lo, lo hi
       for (int kk = b * 16; kk < a * 16; kk += 8) {
         const FragA fa = load_a_perm<true>(lm, kMP, a * 16, kk, g, t4);
         const FragB fb = load_b_kn_perm(tm, kMP, kk, n0, g, t4);
-        mma3<true, true>(y[0][0], y[1][0], y[2][0], fa, fb);
+        mma3<true, true>(y[0], y[1], y[2], fa, fb);
       }
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr)
         *reinterpret_cast<float2*>(ys + (g + 8 * hr) * 12 + 2 * t4) =
-            make_float2(y[0][0][2 * hr] + (y[1][0][2 * hr] + y[2][0][2 * hr]),
-                        y[0][0][2 * hr + 1] + (y[1][0][2 * hr + 1] + y[2][0][2 * hr + 1]));
+            make_float2(y[0][2 * hr] + (y[1][2 * hr] + y[2][2 * hr]),
+                        y[0][2 * hr + 1] + (y[1][2 * hr + 1] + y[2][2 * hr + 1]));
       __syncwarp();
       float z[3][4] = {};
 #pragma unroll
