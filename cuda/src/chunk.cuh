@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kChunkThreads)
       float eta = 0.f, g = 0.f;
       if (i < L) {
         const int64_t t = tb + i;
-        eta = p.eta ? p.eta[sr.b * p.es[0] + t * p.es[1] + hv] : p.eta_value;
-        g = p.g ? p.g[sr.b * p.gs[0] + t * p.gs[1] + hv] : 0.f;
+        eta = token_eta(p, sr.b, t, hv);
+        g = token_log_decay(p, sr.b, t, hv);
       }
       const TokenCoef tc = i < L ? token_coef(n2, eta, p.eps, p.kaczmarz) : TokenCoef{0.f, 0.f};
       for (int r = lane; r < K; r += 32) kh[i * KP + r] *= tc.kscale;

@@ -253,8 +253,8 @@ __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, const
     float eta = 0.f, gl = 0.f;
     if (i < L) {
       const int64_t t = tb + i;
-      eta = p.eta ? p.eta[sr.b * p.es[0] + t * p.es[1] + hv] : p.eta_value;
-      gl = p.g ? p.g[sr.b * p.gs[0] + t * p.gs[1] + hv] : 0.f;
+      eta = token_eta(p, sr.b, t, hv);
+      gl = token_log_decay(p, sr.b, t, hv);
     }
     const TokenCoef tc = i < L ? token_coef(n2, eta, p.eps, p.kaczmarz) : TokenCoef{0.f, 0.f};
     if (!per_warp || lane == 0) {

@@ -79,6 +79,16 @@ __device__ __forceinline__ SeqRange seq_range(const KernelParams& p, int n) {
   return {n, 0, p.T};
 }
 
+/// Token t's step size eta (per token and value head, or the scalar p.eta_value) and log decay
+/// (0 without g) for value head hv of batch row b: the [B,T,HV] addressing every kernel shares.
+__device__ __forceinline__ float token_eta(const KernelParams& p, int64_t b, int64_t t, int hv) {
+  return p.eta ? p.eta[b * p.es[0] + t * p.es[1] + hv] : p.eta_value;
+}
+__device__ __forceinline__ float token_log_decay(const KernelParams& p, int64_t b, int64_t t,
+                                                 int hv) {
+  return p.g ? p.g[b * p.gs[0] + t * p.gs[1] + hv] : 0.f;
+}
+
 /// Where head (n, hv) reads and writes its [K,V] fp32 state: the pool row p.indices[n], updated
 /// in place (skip when the index is -1), or the optional initial / final state tensors
 /// [N,HV,K,V]. One place for the addressing every kernel shares.

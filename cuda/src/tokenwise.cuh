@@ -81,14 +81,14 @@ __global__ void __launch_bounds__(kTokWarps * 32, KMAX <= 128 ? 4 : 1)
     }
     n2 = warp_sum(n2);
     qn2 = warp_sum(qn2);
-    const float eta = p.eta ? p.eta[sr.b * p.es[0] + t * p.es[1] + hv] : p.eta_value;
+    const float eta = token_eta(p, sr.b, t, hv);
     const TokenCoef tc = token_coef(n2, eta, p.eps, p.kaczmarz);
 #pragma unroll
     for (int j = 0; j < KMAX / 32; ++j) {
       const int i = lane + 32 * j;
       if (i < K) kh_s[warp][i] = kv[j] * tc.kscale;
     }
-    const float alpha = p.g ? expf(p.g[sr.b * p.gs[0] + t * p.gs[1] + hv]) : 1.0f;
+    const float alpha = p.g ? expf(token_log_decay(p, sr.b, t, hv)) : 1.0f;
     const E* vr = vb + sr.b * p.vs[0] + t * p.vs[1] + int64_t(hv) * p.vs[2] + col;
     float vv[4];
 #pragma unroll
