@@ -169,8 +169,8 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-/// d0 += Ah Bh; d1 += Ah Bl (B split); d2 += Al Bh (A split). The result is (d0 + d1) + d2;
-/// three independent accumulation chains.
+/// d0 += Ah Bh; d1 += Ah Bl (B split); d2 += Al Bh (A split): three independent accumulation
+/// chains that the caller sums (the TF32 scan as (d0 + d1) + d2, the inverse by parts_sum).
 template <bool kSplitA, bool kSplitB>
 __device__ __forceinline__ void mma3(float (&d0)[4], float (&d1)[4], float (&d2)[4], const FragA& a,
                                      const FragB& b) {
@@ -332,8 +332,7 @@ __device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, fl
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr)
         *reinterpret_cast<float2*>(ys + (g + 8 * hr) * 12 + 2 * t4) =
-            make_float2(y[0][2 * hr] + (y[1][2 * hr] + y[2][2 * hr]),
-                        y[0][2 * hr + 1] + (y[1][2 * hr + 1] + y[2][2 * hr + 1]));
+            make_float2(parts_sum(y, 2 * hr), parts_sum(y, 2 * hr + 1));
       __syncwarp();
       float z[3][4] = {};
 #pragma unroll
@@ -345,8 +344,7 @@ __device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, fl
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr)
         *reinterpret_cast<float2*>(tm + (a * 16 + g + 8 * hr) * kMP + n0 + 2 * t4) =
-            make_float2(-(z[0][2 * hr] + (z[1][2 * hr] + z[2][2 * hr])),
-                        -(z[0][2 * hr + 1] + (z[1][2 * hr + 1] + z[2][2 * hr + 1])));
+            make_float2(-parts_sum(z, 2 * hr), -parts_sum(z, 2 * hr + 1));
     }
     __syncthreads();
   }

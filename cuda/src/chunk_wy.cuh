@@ -46,7 +46,7 @@
 namespace kla::kernels {
 
 // KLA_WY_PROFILE (a development build only): block 0 of the scan prints the cycles per chunk
-// that warps 0 and 4 spend in each phase.
+// that warp 0 (recurrence) and warp 8 (read-out) spend in each phase.
 #ifdef KLA_WY_PROFILE
 #define KLA_WY_MARK(k) \
   if (prof_on) prof[k] += clock64() - prof_t, prof_t = clock64()
@@ -294,9 +294,7 @@ __global__ void __launch_bounds__(kWyThreads)
           const int k = ks * 16 + 2 * t4 + e * 8, col = nb * 16 + nt * 8 + g;
           split_bf16x2(tm[k * kMP + col], tm[(k + 1) * kMP + col], bh[e], bl[e]);
         }
-        mma_bf16(d[nt][0], ah, bh[0], bh[1]);
-        mma_bf16(d[nt][1], ah, bl[0], bl[1]);
-        mma_bf16(d[nt][2], al, bh[0], bh[1]);
+        mma_bf16_split<true>(d[nt], ah, al, bh[0], bh[1], bl[0], bl[1]);
       }
     }
 #pragma unroll
@@ -305,9 +303,8 @@ __global__ void __launch_bounds__(kWyThreads)
       for (int hr = 0; hr < 2; ++hr) {
         const int i = mi * 16 + g + hr * 8, j = nb * 16 + nt * 8 + 2 * t4;
         const int64_t off = (int64_t(i) * kWyPP + j) * 2;
-        store_split_bf16x2(rec + R::ph + off, rec + R::pl + off,
-                           d[nt][0][2 * hr] + (d[nt][1][2 * hr] + d[nt][2][2 * hr]),
-                           d[nt][0][2 * hr + 1] + (d[nt][1][2 * hr + 1] + d[nt][2][2 * hr + 1]));
+        store_split_bf16x2(rec + R::ph + off, rec + R::pl + off, parts_sum(d[nt], 2 * hr),
+                           parts_sum(d[nt], 2 * hr + 1));
       }
   }
   // Per-token scalars (layout at kWyScUpd above).
@@ -362,16 +359,11 @@ template <int NT, int SP, bool kALo>
 __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_t (&ah)[4],
                                              const uint32_t (&al)[4], const __nv_bfloat16* Bh,
                                              const __nv_bfloat16* Bl, int ks, int n0, int lane) {
-  auto step = [&](int nt, uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    mma_bf16(d[nt][0], ah, bh0, bh1);
-    mma_bf16(d[nt][1], ah, bl0, bl1);
-    if constexpr (kALo) mma_bf16(d[nt][2], al, bh0, bh1);
-  };
   if constexpr (NT == 1) {
     uint32_t bh[2], bl[2];
     ldsm2_t(bh, Bh + frag_b_kn(SP, ks * 16, n0, lane));
     ldsm2_t(bl, Bl + frag_b_kn(SP, ks * 16, n0, lane));
-    step(0, bh[0], bh[1], bl[0], bl[1]);
+    mma_bf16_split<kALo>(d[0], ah, al, bh[0], bh[1], bl[0], bl[1]);
   } else {
     static_assert(NT % 2 == 0, "one tile or pairs of tiles");
 #pragma unroll
@@ -379,8 +371,8 @@ __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_
       uint32_t bh[4], bl[4];
       ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, n0 + np * 16, lane));
       ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, n0 + np * 16, lane));
-      step(2 * np, bh[0], bh[1], bl[0], bl[1]);
-      step(2 * np + 1, bh[2], bh[3], bl[2], bl[3]);
+      mma_bf16_split<kALo>(d[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
+      mma_bf16_split<kALo>(d[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
     }
   }
 }
@@ -417,11 +409,6 @@ __device__ __forceinline__ void tri_split_times_split(const __nv_bfloat16* Ah,
     ldsm4(al, Al + frag_a(kWyPP, mi * 16, ks * 16, lane));
     split_k_step<NT, SP, true>(d, ah, al, Bh, Bl, ks, n0, lane);
   }
-}
-
-/// The three parts of a split product, summed small parts first.
-__device__ __forceinline__ float parts_sum(const float (&d)[3][4], int e) {
-  return d[0][e] + (d[1][e] + d[2][e]);
 }
 
 template <class E, int KD, int VS>

@@ -67,6 +67,12 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+/// The three parts of a split product (hi hi, hi lo, lo hi; mma3, mma_bf16_split) at accumulator
+/// element e, summed small parts first.
+__device__ __forceinline__ float parts_sum(const float (&d)[3][4], int e) {
+  return d[0][e] + (d[1][e] + d[2][e]);
+}
+
 /// Sequence n's token range [t0, t0+len) in batch row b, from cu_seqlens or the fixed layout.
 struct SeqRange {
   int64_t b, t0, len;
