@@ -11,8 +11,9 @@
 //  1. chunk_wy_prep_kernel, fully parallel over (sequence, chunk, value head): the per-token
 //     scalars, T exactly as the TF32 path (invert_unit_lower: fp32 diagonal blocks, the blocks
 //     below on the tensor cores in split TF32) and P T (fp32 P and T entering the tensor cores
-//     split), written split into the workspace record (workspace.hpp), 38 KB whatever the head
-//     dims.
+//     split), written split into the workspace record (workspace.hpp): their lower 16 x 16
+//     blocks only, packed in ldmatrix order, 22 KB whatever the head dims. 4 blocks a
+//     multiprocessor (64 registers, 53 KB of shared memory at K = 128).
 //  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 16 or 32 value columns),
 //     chunks in order, warps in three roles:
 //       8 recurrence warps (the chain from chunk to chunk): A. R = diag(cu) V - diag(cw) K S
@@ -66,18 +67,29 @@ constexpr int kWyScanThreads = (kWyProducer + 1) * 32;
 // how many barriers each has waited at (prefill_notes.md, w18), and without the padding reports
 // accesses ordered by the chunk's __syncthreads as hazards.
 constexpr int kWyBarR = 1, kWyBarRec = 2, kWyBarPadRead = 3, kWyBarPadProducer = 4;
-constexpr int kWyPP = kFC + 8;  // pitch (elements) of the record's 64 x 64 bf16 tiles
 // Record scalars (floats): [0,64) gamma qscale, [64,128) update scale kscale gamma_L / gamma_i
 // (0 past the chunk end), [128] gamma_L, [256,320) beta kscale, [320,384) beta kscale gamma.
 constexpr int kWyScUpd = 64, kWyGend = 128, kWyColU = 256, kWyColW = 320, kWyScalars = 512;
 
-/// Byte offsets inside one WY record (must agree with workspace.hpp).
+/// Byte offsets inside one WY record (must agree with workspace.hpp): four packed lower
+/// triangles of 16 x 16 blocks (wy_packed_offset), then the scalars.
 struct WyRecord {
-  static constexpr int64_t tile = int64_t(kFC) * kWyPP * 2;
+  static constexpr int64_t block = 16 * 16 * 2, tile = 10 * block;
   static constexpr int64_t th = 0, tl = tile, ph = 2 * tile, pl = 3 * tile, sc = 4 * tile,
                            bytes = sc + kWyScalars * 4;
   static_assert(bytes == kla::detail::kWyRecordBytes, "workspace.hpp layout");
 };
+
+/// Byte offset of element (i, j), j <= i's block, of a packed lower-triangular 64 x 64 bf16
+/// tile: block (i / 16, j / 16) at index mi(mi+1)/2 + kb, inside it the four 8 x 8 matrices of an
+/// A fragment in ldmatrix order (rows 0-7 | 8-15 of columns 0-7, then of columns 8-15), rows of
+/// 16 B. Lane l of an ldmatrix.x4 then reads the block's bytes [16 l, 16 l + 16): one 512-byte
+/// sweep, conflict-free, and the blocks above the diagonal (zero) take no room.
+__device__ __forceinline__ int wy_packed_offset(int i, int j) {
+  const int mi = i >> 4, kb = j >> 4;
+  return (mi * (mi + 1) / 2 + kb) * int(WyRecord::block) + (((i >> 3) & 1) + ((j >> 2) & 2)) * 128 +
+         (i & 7) * 16 + (j & 7) * 2;
+}
 
 /// Issues cp.async copies of rows [0, kFC) of a [.., T, head, NCOLS] tensor (row stride rs, first
 /// row at src) into dst (pitch DP elements); rows >= L are zero-filled. Not committed. Called by
@@ -128,14 +140,16 @@ __host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
   return kq + (kq > l ? kq : l) + (int64_t(kFC) * kMP + 7 * kFC) * 4;
 }
 
+// 4 blocks a multiprocessor: 64 registers with a few spills beat 71 registers at 3 blocks
+// (prefill_notes.md, w24: 295 -> 275 us at 1 x 32768 x 16).
 template <class E, int KD>
-__global__ void __launch_bounds__(kWyThreads)
+__global__ void __launch_bounds__(kWyThreads, 4)
     chunk_wy_prep_kernel(const KernelParams p, char* __restrict__ ws) {
   using R = WyRecord;
   constexpr int C = kFC, KP = KD + 8;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
-  const PrepTile pt = prep_tile(p);
+  const PrepTile pt = prep_tile(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z));
   if (pt.L == 0) return;
   const int c = pt.c, hv = pt.hv, n = pt.n, h = pt.h, L = pt.L;
   const SeqRange sr = pt.sr;
@@ -249,27 +263,22 @@ __global__ void __launch_bounds__(kWyThreads)
   epilogue(true, Pf);
   __syncthreads();
 
-  // T split into the record, with P T's zero groups: row i, 8-column group u8 (8: the pitch
-  // padding), 16-byte stores in record order (coalesced). T is read only on and below the
-  // diagonal blocks, where tm is valid (zeros above the diagonal inside them); P T's groups there
-  // come from the tensor-core units below, the others (and the padding) are zeros.
-  for (int idx = tid; idx < C * 9; idx += kWyThreads) {
-    const int i = idx / 9, u8 = idx - i * 9, j0 = u8 * 8;
-    const int64_t off = (int64_t(i) * kWyPP + j0) * 2;
-    uint4 hi = make_uint4(0u, 0u, 0u, 0u), lo = hi;
-    if (u8 < 8 && (j0 >> 4) <= (i >> 4)) {
-      const float4 x0 = *reinterpret_cast<const float4*>(tm + i * kMP + j0);
-      const float4 x1 = *reinterpret_cast<const float4*>(tm + i * kMP + j0 + 4);
-      split_bf16x2(x0.x, x0.y, hi.x, lo.x);
-      split_bf16x2(x0.z, x0.w, hi.y, lo.y);
-      split_bf16x2(x1.x, x1.y, hi.z, lo.z);
-      split_bf16x2(x1.z, x1.w, hi.w, lo.w);
-    } else {
-      *reinterpret_cast<uint4*>(rec + R::ph + off) = hi;
-      *reinterpret_cast<uint4*>(rec + R::pl + off) = lo;
-    }
-    *reinterpret_cast<uint4*>(rec + R::th + off) = hi;
-    *reinterpret_cast<uint4*>(rec + R::tl + off) = lo;
+  // T split into the record: 16-byte piece q of the packed triangle (block q / 32, matrix
+  // (q / 8) % 4, row q % 8: 8 columns of one row), stores in record order (coalesced). Only
+  // blocks on and below the diagonal are read, where tm is valid (zeros above the diagonal
+  // inside the diagonal blocks).
+  for (int q = tid; q < int(R::tile / 16); q += kWyThreads) {
+    const int b = q >> 5, m = (q >> 3) & 3, mi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
+    const int i = mi * 16 + (m & 1) * 8 + (q & 7), j0 = (b - mi * (mi + 1) / 2) * 16 + (m >> 1) * 8;
+    const float4 x0 = *reinterpret_cast<const float4*>(tm + i * kMP + j0);
+    const float4 x1 = *reinterpret_cast<const float4*>(tm + i * kMP + j0 + 4);
+    uint4 hi, lo;
+    split_bf16x2(x0.x, x0.y, hi.x, lo.x);
+    split_bf16x2(x0.z, x0.w, hi.y, lo.y);
+    split_bf16x2(x1.x, x1.y, hi.z, lo.z);
+    split_bf16x2(x1.z, x1.w, hi.w, lo.w);
+    *reinterpret_cast<uint4*>(rec + R::th + q * 16) = hi;
+    *reinterpret_cast<uint4*>(rec + R::tl + q * 16) = lo;
   }
   // P T on the 10 lower 16 x 16 tiles (mi, nb): sum over k-blocks nb..mi of P_(mi,ks) T_(ks,nb),
   // fp32 operands split into bf16 hi + lo as they are loaded (hi hi + hi lo + lo hi).
@@ -301,8 +310,7 @@ __global__ void __launch_bounds__(kWyThreads)
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int i = mi * 16 + g + hr * 8, j = nb * 16 + nt * 8 + 2 * t4;
-        const int64_t off = (int64_t(i) * kWyPP + j) * 2;
+        const int off = wy_packed_offset(mi * 16 + g + hr * 8, nb * 16 + nt * 8 + 2 * t4);
         store_split_bf16x2(rec + R::ph + off, rec + R::pl + off, parts_sum(d[nt], 2 * hr),
                            parts_sum(d[nt], 2 * hr + 1));
       }
@@ -394,19 +402,20 @@ __device__ __forceinline__ void raw_times_split(LoadA load_a, const __nv_bfloat1
   }
 }
 
-/// d[nt][part] (row block mi) = A B for a split lower-triangular 64 x 64 A (Ah / Al, pitch
-/// kWyPP: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP], NT tiles from column n0).
+/// d[nt][part] (row block mi) = A B for a split lower-triangular 64 x 64 A (Ah / Al, packed
+/// triangles, wy_packed_offset: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP], NT tiles from
+/// column n0).
 template <int NT, int SP>
-__device__ __forceinline__ void tri_split_times_split(const __nv_bfloat16* Ah,
-                                                      const __nv_bfloat16* Al,
+__device__ __forceinline__ void tri_split_times_split(const char* Ah, const char* Al,
                                                       const __nv_bfloat16* Bh,
                                                       const __nv_bfloat16* Bl, int mi, int n0,
                                                       float (&d)[NT][3][4]) {
   const int lane = threadIdx.x & 31;
   for (int ks = 0; ks <= mi; ++ks) {
     uint32_t ah[4], al[4];
-    ldsm4(ah, Ah + frag_a(kWyPP, mi * 16, ks * 16, lane));
-    ldsm4(al, Al + frag_a(kWyPP, mi * 16, ks * 16, lane));
+    const int off = (mi * (mi + 1) / 2 + ks) * int(WyRecord::block) + lane * 16;
+    ldsm4(ah, Ah + off);
+    ldsm4(al, Al + off);
     split_k_step<NT, SP, true>(d, ah, al, Bh, Bl, ks, n0, lane);
   }
 }
@@ -598,10 +607,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       // w + 4 row block 3 - w (other column half), so each scheduler has 5 k-blocks.
       {
         const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / 2);
-        const auto* Th = reinterpret_cast<const __nv_bfloat16*>(rec + R::th);
-        const auto* Tl = reinterpret_cast<const __nv_bfloat16*>(rec + R::tl);
         float d[NH][3][4] = {};
-        tri_split_times_split<NH, SP>(Th, Tl, Rh, Rl, mi, n0, d);
+        tri_split_times_split<NH, SP>(rec + R::th, rec + R::tl, Rh, Rl, mi, n0, d);
 #pragma unroll
         for (int nt = 0; nt < NH; ++nt)
 #pragma unroll
@@ -648,10 +655,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
             o0[nj][e] = sc[mi * 16 + g + (e >> 1) * 8] * parts_sum(d[nj], e);
       }
       named_bar_sync(kWyBarR, kRThreads);  // R of this chunk visible
-      const auto* Ph = reinterpret_cast<const __nv_bfloat16*>(rec + R::ph);
-      const auto* Pl = reinterpret_cast<const __nv_bfloat16*>(rec + R::pl);
       float d[NJ][3][4] = {};
-      tri_split_times_split<NJ, SP>(Ph, Pl, Rh, Rl, mi, 0, d);
+      tri_split_times_split<NJ, SP>(rec + R::ph, rec + R::pl, Rh, Rl, mi, 0, d);
 #pragma unroll
       for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll

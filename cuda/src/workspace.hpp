@@ -7,9 +7,11 @@
 //   P [64][64]  read-out matrix qscale_i * (A o Q K^T)_ij * kscale_j, fp32
 //   5 x 64 per-token scalars (see chunk_fast.cuh)
 // WY path (chunk_wy.cuh: bf16 / fp16 storage, K in {64, 96, 128}, V % 16 == 0, sm_90):
-//   T_hi, T_lo   [64][72] bf16   T split hi + lo (pitch padded, zero above the diagonal)
-//   PT_hi, PT_lo [64][72] bf16   P T (read-out matrix times T), split
-//   512 floats                   per-token scalars
+//   T_hi, T_lo, PT_hi, PT_lo: the 10 lower 16 x 16 blocks of T and of P T (bf16 split hi + lo),
+//                block (mi, kb <= mi) at index mi(mi+1)/2 + kb, 512 B each in ldmatrix order
+//                (chunk_wy.cuh, wy_packed_offset); the blocks above the diagonal are zero and
+//                not stored
+//   512 floats   per-token scalars
 // Chunk slots: fixed lengths: n * ceil(T/64) + c; packed (cu_seqlens): cu[n]/64 + n + c, which
 // never collide and stay below T/64 + N.
 #pragma once
@@ -21,8 +23,8 @@ namespace kla::detail {
 constexpr int64_t kFastChunk = 64;
 constexpr int64_t kWsFloatsPerChunk = 2 * kFastChunk * kFastChunk + 5 * kFastChunk;
 
-/// Bytes of one WY record (independent of the head dims).
-constexpr int64_t kWyRecordBytes = 4 * kFastChunk * (kFastChunk + 8) * 2 + 512 * 4;
+/// Bytes of one WY record (independent of the head dims): 4 packed triangles + the scalars.
+constexpr int64_t kWyRecordBytes = 4 * 10 * 16 * 16 * 2 + 512 * 4;
 /// Bytes of one workspace record: room for either path.
 constexpr int64_t ws_record_bytes(int64_t K, int64_t V) {
   (void)K, (void)V;  // both layouts are fixed today; the head dims stay in the signature

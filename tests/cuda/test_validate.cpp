@@ -323,10 +323,10 @@ TEST(Validate, StatusStringsAndVersion) {
 TEST(Validate, Workspace) {
   Fixture f;
   // A record per (64-token chunk, value head), room for either fast path (docs/api.md): the
-  // TF32 path's T, P and scalars, or the WY path's T and P T (bf16 hi + lo, padded pitch) and
-  // 512 scalars.
+  // TF32 path's T, P and scalars, or the WY path's T and P T (the 10 lower 16 x 16 blocks of
+  // each, bf16 hi + lo) and 512 scalars.
   constexpr std::size_t tf32 = (2 * 64 * 64 + 5 * 64) * sizeof(float);
-  constexpr std::size_t wy = 4 * 64 * 72 * 2 + 512 * 4;
+  constexpr std::size_t wy = 4 * 10 * 16 * 16 * 2 + 512 * 4;
   constexpr std::size_t per_chunk = tf32 > wy ? tf32 : wy;
   const std::size_t need = kla_workspace_size(&f.p);
   EXPECT_EQ(need, std::size_t(B) * HV * per_chunk);  // T = 5: one chunk per sequence
