@@ -187,17 +187,17 @@ __device__ __forceinline__ int64_t chunk_slot(const KernelParams& p, int n, cons
 
 // ---- pass 1: per-chunk preparation -----------------------------------------------------
 
-/// What a preparation block works on: chunk c of sequence n for value head hv (query / key head
-/// h), its L tokens from row tb of batch row sr.b; L = 0 when the chunk lies past the sequence's
-/// end.
+/// What a preparation block (grid: chunk, value head, sequence) works on: chunk c of sequence n
+/// for value head hv (query / key head h), its L tokens from row tb of batch row sr.b; L = 0
+/// when the chunk lies past the sequence's end.
 struct PrepTile {
   int c, hv, n, h, L;
   SeqRange sr;
   int64_t tb;
 };
-__device__ __forceinline__ PrepTile prep_tile(const KernelParams& p, int c, int hv, int n) {
+__device__ __forceinline__ PrepTile prep_tile(const KernelParams& p) {
   PrepTile t;
-  t.c = c, t.hv = hv, t.n = n;
+  t.c = int(blockIdx.x), t.hv = int(blockIdx.y), t.n = int(blockIdx.z);
   t.h = t.hv / (p.HV / p.H);
   t.sr = seq_range(p, t.n);
   const int64_t cs = int64_t(t.c) * kFC;
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   float* smem = reinterpret_cast<float*>(smem4);
   const int K = p.K, KP = raw_pitch<E>(K);
   constexpr int C = kFC;
-  const PrepTile pt = prep_tile(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z));
+  const PrepTile pt = prep_tile(p);
   if (pt.L == 0) return;
   const int c = pt.c, hv = pt.hv, n = pt.n, h = pt.h, L = pt.L;
   const SeqRange sr = pt.sr;

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kWyThreads, 4)
   constexpr int C = kFC, KP = KD + 8;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
-  const PrepTile pt = prep_tile(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z));
+  const PrepTile pt = prep_tile(p);
   if (pt.L == 0) return;
   const int c = pt.c, hv = pt.hv, n = pt.n, h = pt.h, L = pt.L;
   const SeqRange sr = pt.sr;
@@ -413,7 +413,7 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
   const int lane = threadIdx.x & 31;
   for (int ks = 0; ks <= mi; ++ks) {
     uint32_t ah[4], al[4];
-    const int off = (mi * (mi + 1) / 2 + ks) * int(WyRecord::block) + lane * 16;
+    const int off = wy_packed_offset(mi * 16, ks * 16) + lane * 16;
     ldsm4(ah, Ah + off);
     ldsm4(al, Al + off);
     split_k_step<NT, SP, true>(d, ah, al, Bh, Bl, ks, n0, lane);
