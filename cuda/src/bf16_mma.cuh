@@ -75,6 +75,25 @@ __device__ __forceinline__ void ldsm4_t(uint32_t (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
+/// Four 8 x 8 b16 matrices (r0..r3: this thread's pair of each, as an mma C fragment half);
+/// lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void stsm4(void* p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_addr(p)),
+      "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+      : "memory");
+}
+/// Four 8 x 8 b16 matrices stored transposed (r0..r3: this thread's pair of each, as an mma C
+/// fragment half); lane l gives the address of row l % 8 of matrix l / 8, which receives column
+/// l % 8 of the matrix.
+__device__ __forceinline__ void stsm4_t(void* p, uint32_t r0, uint32_t r1, uint32_t r2,
+                                        uint32_t r3) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_addr(p)),
+      "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+      : "memory");
+}
+
 // Lane addresses (element offsets) for the four fragment shapes, matrix m = lane / 8.
 // A (16 x 16) at (r0, k0) of a row-major [m][k] matrix, pitch P.
 __device__ __forceinline__ int frag_a(int P, int r0, int k0, int lane) {
@@ -88,22 +107,6 @@ __device__ __forceinline__ int frag_b_nk(int P, int k0, int n0, int lane) {
 // Two B tiles of a [k][n] matrix (use with ldsm4_t), same register order.
 __device__ __forceinline__ int frag_b_kn(int P, int k0, int n0, int lane) {
   return (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + n0 + (lane >> 4) * 8;
-}
-
-// 64-row tiles of 16-bit elements as the 128-byte TMA swizzle leaves them: panels of 64 columns,
-// [ceil(cols/64)][64 rows][128 B], the 16-byte piece c of row r stored at piece c ^ (r % 8) (so
-// the 8 rows of an 8 x 8 ldmatrix matrix hit 8 different bank groups). Element offset of (row,
-// col) for col a multiple of 8; the panel base must be 1024-byte aligned.
-__device__ __forceinline__ int swz128(int row, int col) {
-  return (col >> 6) * (64 * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3);
-}
-// A (16 x 16) at (r0, k0) of a swizzled [row][k] tile (use with ldsm4).
-__device__ __forceinline__ int frag_a_swz(int r0, int k0, int lane) {
-  return swz128(r0 + (lane & 15), k0 + (lane >> 4) * 8);
-}
-// A (16 x 16) at (m0, k0) of the transpose of a swizzled [k][m] tile (use with ldsm4_t).
-__device__ __forceinline__ int frag_a_t_swz(int m0, int k0, int lane) {
-  return swz128(k0 + (lane >> 4) * 8 + (lane & 7), m0 + ((lane >> 3) & 1) * 8);
 }
 
 /// x, y -> hi = bf16x2(x, y), lo = bf16x2(x - hi.x, y - hi.y), both round to nearest; x is the

@@ -1,4 +1,4 @@
-// WY chunkwise path (prefill) for bf16 / fp16 storage on sm_90: bf16 tensor cores with every
+// WY chunkwise path (prefill) for bf16 / fp16 storage on sm_90a: bf16 tensor cores with every
 // fp32 intermediate split into hi + lo, the scan reduced to the state-dependent products.
 //
 // Same mathematics as chunk_fast.cuh (SPEC §1 chunk form in the normalised-key form, chunks of
@@ -16,22 +16,29 @@
 //     multiprocessor (64 registers, 53 KB of shared memory at K = 128).
 //  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 16 or 32 value columns),
 //     chunks in order, warps in three roles:
-//       8 recurrence warps (the chain from chunk to chunk): A. R = diag(cu) V - diag(cw) K S
-//         (row block w % 4, column half w / 4); B. X = diag(update) T R; C. S <- gamma_C S +
-//         K^T X, the state in the accumulators of the warps that own its blocks, written split
-//         into the other of two shared buffers;
-//       4 read-out warps (off the chain): Q S_ch while R forms, then O = diag(gamma qscale)
-//         Q S_ch + (P T) R once it has (a named barrier the recurrence warps only arrive at);
+//       8 recurrence warps (the chain from chunk to chunk; warpgroups 0 and 1): A. R = diag(cu) V
+//         - diag(cw) K S (warpgroup j: column half j, warp w rows 16 (w % 4)); B. X =
+//         diag(update) T R; C. S <- gamma_C S + K^T X, the state in the accumulators of the
+//         warps that own its blocks, written split into the other of two shared buffers;
+//       4 read-out warps (off the chain; warpgroup 2): Q S_ch while R forms, then O =
+//         diag(gamma qscale) Q S_ch + (P T) R once it has (a named barrier the recurrence warps
+//         only arrive at);
 //       1 warp that issues the next chunk's copies (record by one bulk copy, 128-byte swizzled
 //         K / Q boxes and V's slice by tensor copies) into a two-stage ring, and L2 prefetches
 //         further ahead.
+//     K S, Q S and K^T X run on wgmma (wgmma.cuh) with both operands in shared memory: the K / Q
+//     boxes as the TMA leaves them (K^T as the M-major view of the same box), S and X as split
+//     K-major tiles whose rows hold each half of the slice's columns as hi rows then lo rows
+//     (wy_split_row), so one wgmma gives both parts; they are written from the accumulators by
+//     transposing stmatrix. T R and (P T) R stay on mma.sync (packed triangular records).
 //     One __syncthreads per chunk frees the stage and the state buffer that the last chunk read.
 //
-// Precision. The products run as mma.sync m16n8k16 bf16 with fp32 accumulation. Raw bf16
-// inputs are exact operands; fp16 inputs enter as bf16 hi + lo (exact); fp32 intermediates
-// (S, R, T, P T) as hi = bf16(x), lo = bf16(x - hi), 16 significant bits together, and a
-// product of two split operands keeps hi*hi + hi*lo + lo*hi (relative error ~2^-16, far below
-// the bf16 / fp16 storage roundoff that bounds the outputs). The inverse stays fp32-grade (split
+// Precision. The products are bf16 with fp32 accumulation. Raw bf16 inputs are exact operands;
+// fp16 K / Q tiles are split once per chunk in shared memory into bf16 hi + lo (exact), and both
+// parts enter the products; fp32 intermediates (S, R, X, T, P T) as hi = bf16(x), lo = bf16(x -
+// hi), 16 significant bits together, and a product of two split operands keeps hi*hi + hi*lo +
+// lo*hi (relative error ~2^-16, far below the bf16 / fp16 storage roundoff that bounds the
+// outputs). The inverse stays fp32-grade (split
 // TF32, ~2^-21; see prefill_notes.md: a low-precision inverse is a known weak point).
 // Deterministic: fixed orders, no atomics.
 #pragma once
@@ -42,6 +49,7 @@
 
 #include "bf16_mma.cuh"
 #include "chunk_fast.cuh"
+#include "wgmma.cuh"
 #include "workspace.hpp"
 
 namespace kla::kernels {
@@ -61,11 +69,12 @@ constexpr int kWyThreads = 256;  // prep
 constexpr int kWyRecWarps = 8, kWyReadWarps = 4, kWyProducer = kWyRecWarps + kWyReadWarps;
 constexpr int kWyScanThreads = (kWyProducer + 1) * 32;
 // Named barriers (0 is __syncthreads): R ready for the read-out warps (the recurrence warps
-// arrive, the read-out warps wait), the recurrence warps among themselves (R, then X), and two
-// that only pad the read-out and producer warps to three barrier waits per chunk, as many as the
-// recurrence warps: compute-sanitizer racecheck behaves as if it ordered two warps' accesses by
-// how many barriers each has waited at (prefill_notes.md, w18), and without the padding reports
-// accesses ordered by the chunk's __syncthreads as hazards.
+// arrive, the read-out warps wait), the recurrence warps among themselves (R, then X; fp16 also
+// after splitting K), and two that pad the read-out warps (fp16: also after splitting Q) and the
+// producer to as many barrier waits per chunk as the recurrence warps (3, fp16 4):
+// compute-sanitizer racecheck behaves as if it ordered two warps' accesses by how many barriers
+// each has waited at (prefill_notes.md, w18), and without the padding reports accesses ordered by
+// the chunk's __syncthreads as hazards.
 constexpr int kWyBarR = 1, kWyBarRec = 2, kWyBarPadRead = 3, kWyBarPadProducer = 4;
 // Record scalars (floats): [0,64) gamma qscale, [64,128) update scale kscale gamma_L / gamma_i
 // (0 past the chunk end), [128] gamma_L, [256,320) beta kscale, [320,384) beta kscale gamma.
@@ -115,22 +124,6 @@ __device__ __forceinline__ void load_rows_async(E* dst, int DP, const E* src, in
     }
   }
 }
-
-/// A raw E operand fragment as bf16 parts: bf16 is itself (one part), fp16 is hi + lo.
-template <class E>
-struct RawFrag {
-  static constexpr bool kTwo = std::is_same_v<E, __half>;
-  uint32_t hi[4], lo[4];
-  __device__ __forceinline__ explicit RawFrag(const uint32_t (&r)[4]) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if constexpr (kTwo)
-        split_f16x2(r[e], hi[e], lo[e]);
-      else
-        hi[e] = r[e], lo[e] = 0u;
-    }
-  }
-};
 
 // ---- pass 1: per-chunk preparation ----------------------------------------------------------
 
@@ -352,12 +345,55 @@ template <int KD, int VS>
 __host__ __device__ constexpr int64_t wy_stage_bytes() {
   return WyRecord::bytes + 2 * wy_tile_bytes<KD>() + int64_t(kFC) * VS * 2;
 }
-/// Two stages, the state split twice (S_c read while S_c+1 is written), the R / X splits, then
-/// the two stage barriers.
+/// Bytes of the split state as the wgmma B operand: [KD / 64 panels][2 VS rows][128 B].
 template <int KD, int VS>
+__host__ __device__ constexpr int64_t wy_state_split_bytes() {
+  return int64_t((KD + 63) / 64) * 2 * VS * 128;
+}
+/// Row of value column c's part p (0 hi, 1 lo) in the scan's split wgmma B tiles (S, X): each
+/// half of the VS-column slice as its hi rows, then its lo rows, so that one wgmma over a half
+/// (N = VS) or the slice (N = 2 VS) gives both parts.
+template <int VS>
+__host__ __device__ constexpr int wy_split_row(int c, int p) {
+  return (c / (VS / 2)) * VS + p * (VS / 2) + c % (VS / 2);
+}
+/// The scan's split B tiles are laid out one to one: wy_split_row maps (column, part) onto the
+/// 2 VS rows, and kmajor_sw128_offset maps every (row, k) of a [KD / 64 panels][2 VS rows] tile
+/// onto its own 2 bytes inside the tile, 8 consecutive k to each 16-byte piece (what stmatrix
+/// and the wgmma descriptors assume).
+template <int KD, int VS>
+constexpr bool wy_split_layout_is_one_to_one() {
+  constexpr int rows = 2 * VS, panels = (KD + 63) / 64, bytes = panels * rows * 128;
+  bool row_seen[rows] = {}, slot_seen[bytes / 2] = {};
+  for (int c = 0; c < VS; ++c)
+    for (int part = 0; part < 2; ++part) {
+      const int r = wy_split_row<VS>(c, part);
+      if (r < 0 || r >= rows || row_seen[r]) return false;
+      row_seen[r] = true;
+    }
+  for (int n = 0; n < rows; ++n)
+    for (int k = 0; k < panels * 64; ++k) {
+      const int o = kmajor_sw128_offset(n, k, rows);
+      if (o < 0 || o >= bytes || o % 2 != 0 || slot_seen[o / 2]) return false;
+      if (k % 8 != 0 && o != kmajor_sw128_offset(n, k - 1, rows) + 2) return false;
+      slot_seen[o / 2] = true;
+    }
+  return true;
+}
+static_assert(wy_split_layout_is_one_to_one<128, 16>() &&
+                  wy_split_layout_is_one_to_one<128, 32>() &&
+                  wy_split_layout_is_one_to_one<96, 16>() &&
+                  wy_split_layout_is_one_to_one<64, 32>(),
+              "split B tile layout");
+
+/// Two stages, the state split twice (S_c read while S_c+1 is written) and X split (wgmma B
+/// tiles, K-major: [value column][key or token]), R split ([token][SP], mma.sync B), for fp16 the
+/// lo parts of the chunk's K and Q tiles (wy_split_tiles), then the two stage barriers.
+template <class E, int KD, int VS>
 __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
-  return 2 * wy_stage_bytes<KD, VS>() + 4LL * KD * wy_scan_pitch<VS>() * 2 +
-         4LL * kFC * wy_scan_pitch<VS>() * 2 + 2 * 8;
+  return 2 * wy_stage_bytes<KD, VS>() + 2 * wy_state_split_bytes<KD, VS>() + 2LL * VS * 128 +
+         2LL * kFC * wy_scan_pitch<VS>() * 2 +
+         (std::is_same_v<E, __half> ? 2 * wy_tile_bytes<KD>() : 0) + 2 * 8;
 }
 
 /// One k-step of a split product: d[nt][part] += A B_ks for an A fragment as bf16 parts (ah,
@@ -385,23 +421,6 @@ __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_
   }
 }
 
-/// d[nt][part] += A B over KSTEPS k-steps for a raw E operand A (fragment of step ks from
-/// load_a(ks, regs): K or Q tiles, either orientation) and a split B (NT tiles from column n0):
-/// parts A.hi B_hi, A.hi B_lo, A.lo B_hi (fp16 only: its raw values are exact bf16 hi + lo).
-template <class E, int KSTEPS, int NT, int SP, class LoadA>
-__device__ __forceinline__ void raw_times_split(LoadA load_a, const __nv_bfloat16* Bh,
-                                                const __nv_bfloat16* Bl, int n0,
-                                                float (&d)[NT][3][4]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int ks = 0; ks < KSTEPS; ++ks) {
-    uint32_t ar[4];
-    load_a(ks, ar);
-    const RawFrag<E> a(ar);
-    split_k_step<NT, SP, RawFrag<E>::kTwo>(d, a.hi, a.lo, Bh, Bl, ks, n0, lane);
-  }
-}
-
 /// d[nt][part] (row block mi) = A B for a split lower-triangular 64 x 64 A (Ah / Al, packed
 /// triangles, wy_packed_offset: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP], NT tiles from
 /// column n0).
@@ -420,13 +439,57 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
   }
 }
 
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/// r[nj] (8-column tile nj, mma C layout; this warp's 16 rows of the warpgroup's 64) = A B over
+/// KSTEPS k-steps, one wgmma group with both operands read by the tensor cores from shared memory.
+/// A: rows m0.. of a bf16 tile as the TMA boxes leave it (panels of 64 columns x 64 rows x 128 B,
+/// 128-byte swizzle), or of its transpose (kTransA: A = tile^T, m0 a multiple of 64); with kALo
+/// also its lo part, a_lo bytes further (fp16 inputs, wy_split_tiles). B: a split tile (K-major,
+/// 128-byte swizzle, rows as wy_split_row from a half's first row, b_panel bytes between 64-k
+/// panels); N counts its hi and lo rows (N / 16 column tiles), NH tiles a half. The result is
+/// A B_hi + A B_lo (+ A_lo B_hi + A_lo B_lo, the last far below the split's precision).
+template <int KSTEPS, int N, int NH, bool kTransA, bool kALo>
+__device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, const char* B,
+                                               int b_panel, float (&r)[N / 16][4]) {
+  static_assert(N % (16 * NH) == 0, "whole halves of hi and lo rows");
+  constexpr int kPanel = kFC * 128;  // bytes of a 64-column panel of the tile
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  wgmma_reg_fence(d);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ++ks) {
+    const uint64_t bd = wgmma_desc_sw128(B + (ks >> 2) * b_panel + (ks & 3) * 32);
+    // kTransA: rows = tile columns m0.. (panel m0 / 64), k = tile rows 16 ks.. (8-row groups
+    // 1024 B apart); else rows = tile rows m0.., k = tile columns 16 ks.. (panel ks / 4).
+    const char* a = kTransA ? A + (m0 >> 6) * kPanel + ks * 2048
+                            : A + m0 * 128 + (ks >> 2) * kPanel + (ks & 3) * 32;
+#pragma unroll
+    for (int part = 0; part < (kALo ? 2 : 1); ++part)
+      wgmma_ss_bf16<N, kTransA ? 1 : 0>(d, wgmma_desc_sw128(a + part * a_lo, kPanel), bd);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_reg_fence(d);
+  // Tile nj's hi rows in B: its half's first tile, then its place in the half; the lo rows
+  // follow NH tiles later.
+#pragma unroll
+  for (int nj = 0; nj < N / 16; ++nj) {
+    const int th = (nj / NH) * 2 * NH + nj % NH;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r[nj][e] = d[4 * th + e] + d[4 * (th + NH) + e];
+  }
+}
+#endif
+
 template <class E, int KD, int VS>
 __global__ void __launch_bounds__(kWyScanThreads, 1)
     chunk_wy_scan_kernel(const KernelParams p, const char* __restrict__ ws,
                          const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap qmap,
                          const __grid_constant__ CUtensorMap vmap) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using R = WyRecord;
   using E2 = std::conditional_t<std::is_same_v<E, __half>, __half2, __nv_bfloat162>;
   constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8, NH = NJ / 2;
@@ -441,22 +504,42 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   static_assert(MT <= kWyRecWarps && kWyReadWarps == 4, "warp roles");
   extern __shared__ __align__(1024) char smem[];
   // Stage st: record (T_hi, T_lo, PT_hi, PT_lo, scalars) | K, Q raw, each [KD/64 panels][64][128
-  // B swizzled] (swz128: conflict-free ldmatrix, 128-byte TMA box rows) | V slice [64][VS] raw.
+  // B swizzled] (kmajor_sw128_offset with 64 rows a panel: wgmma operands, 128-byte TMA box rows) |
+  // V slice [64][VS] raw.
   auto st_rec = [&](int st) { return smem + st * kStage; };
   auto st_k = [&](int st) { return reinterpret_cast<E*>(smem + st * kStage + R::bytes); };
   auto st_v = [&](int st) {
     return reinterpret_cast<E*>(smem + st * kStage + R::bytes + 2 * kTile);
   };
   // State split, two buffers: chunk ch reads buffer ch % 2 (S_ch) and writes S_ch+1 into the
-  // other, so the read-out's Q S may still run while the state is updated.
-  auto* Sbuf = reinterpret_cast<__nv_bfloat16*>(smem + 2 * kStage);  // [2][hi, lo][KD][SP]
-  auto s_hi = [&](int b) { return Sbuf + (2 * b) * KD * SP; };
-  auto s_lo = [&](int b) { return Sbuf + (2 * b + 1) * KD * SP; };
-  __nv_bfloat16* Rh = Sbuf + 4 * KD * SP;  // [C][SP] R split
+  // other, so the read-out's Q S may still run while the state is updated. S and X are wgmma B
+  // tiles (wgmma.cuh: K-major, [value column][key or token], 128-byte swizzle); R is an
+  // mma.sync B operand ([token][SP]).
+  constexpr int kSSplit = int(wy_state_split_bytes<KD, VS>()), kXSplit = 2 * VS * 128;
+  char* Sbuf = smem + 2 * kStage;  // [2][KD / 64 panels][2 VS rows (wy_split_row)][128 B]
+  auto s_split = [&](int b) { return Sbuf + b * kSSplit; };
+  char* Xs = Sbuf + 2 * kSSplit;  // [2 VS rows][128 B] diag(update scale) U split
+  auto* Rh = reinterpret_cast<__nv_bfloat16*>(Xs + kXSplit);  // [C][SP] R split
   __nv_bfloat16* Rl = Rh + C * SP;
-  __nv_bfloat16* Xh = Rl + C * SP;  // [C][SP] diag(update scale) U split
-  __nv_bfloat16* Xl = Xh + C * SP;
-  auto* full = reinterpret_cast<uint64_t*>(Xl + C * SP);  // full[st]: stage st's bytes landed
+  // fp16: the chunk's K and Q tiles become their bf16 hi parts in place and their lo parts here
+  // ([K | Q], split_tile below).
+  char* klo = reinterpret_cast<char*>(Rl + C * SP);
+  constexpr bool kF16 = std::is_same_v<E, __half>;
+  auto* full = reinterpret_cast<uint64_t*>(klo + (kF16 ? 2 * kTile : 0));  // stage st landed
+  static_assert(kSSplit % 1024 == 0 && (VS / 2) % 8 == 0, "wgmma B tiles are 1024 B atoms");
+  // One 16 x 8 tile (rows r0.., columns c0..) of a [row][column] matrix, held as an mma C
+  // fragment v, split into a split B tile t (K-major: [2 VS rows (wy_split_row)][k = row]): one
+  // transposing stmatrix of four 8 x 8 matrices (hi rows r0.. and r0 + 8.., then lo), lane l
+  // addressing row l % 8 of matrix l / 8: 16 bytes, eight k of one value column.
+  auto store_tile_kmajor = [&](char* t, int r0, int c0, float v0, float v1, float v2, float v3) {
+    uint32_t h0, l0, h1, l1;
+    split_bf16x2(v0, v1, h0, l0);
+    split_bf16x2(v2, v3, h1, l1);
+    const int l = int(threadIdx.x) & 31, m = l >> 3;
+    stsm4_t(
+        t + kmajor_sw128_offset(wy_split_row<VS>(c0 + (l & 7), m >> 1), r0 + (m & 1) * 8, 2 * VS),
+        h0, h1, l0, l1);
+  };
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -474,22 +557,21 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     mbar_init(&full[0], 1);
     mbar_init(&full[1], 1);
   }
-  // The state in the recurrence warps' registers: warp w < MT * SCS holds key-row block
-  // srow = w % MT, columns scol.. (the slice, or its half when there are warps enough); element
-  // (nj, e) is row srow*16 + g + 8 (e / 2), column scol + nj*8 + 2 t4 + e % 2.
+  // The state in the recurrence warps' registers, as the two warpgroups' wgmma results of
+  // K^T X: at KD = 64 warpgroup j holds the key rows in column half j, otherwise warpgroup j
+  // key rows 64 j.. (at KD = 96 warps 6 and 7 compute rows past KD, zero, and hold nothing).
+  // Warp w < MT * SCS holds key-row block srow, columns scol..; element (nj, e) is row srow*16 +
+  // g + 8 (e / 2), column scol + nj*8 + 2 t4 + e % 2.
   constexpr int SCS = 2 * MT <= kWyRecWarps ? 2 : 1, SNJ = NJ / SCS;
   const bool state_warp = warp < MT * SCS;
-  const int srow = warp % MT, scol = (warp / MT) * (VS / SCS);
+  const int srow = SCS == 2 ? warp & 3 : warp, scol = SCS == 2 ? (warp >> 2) * (VS / 2) : 0;
   float sacc[SNJ][4] = {};
   auto store_state_split = [&](int b) {
 #pragma unroll
     for (int nj = 0; nj < SNJ; ++nj)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = srow * 16 + g + hr * 8, cc = scol + nj * 8 + 2 * t4;
-        store_split_bf16x2(s_hi(b) + r * SP + cc, s_lo(b) + r * SP + cc, sacc[nj][2 * hr],
-                           sacc[nj][2 * hr + 1]);
-      }
+      store_tile_kmajor(s_split(b), srow * 16, scol + nj * 8, sacc[nj][0], sacc[nj][1], sacc[nj][2],
+                        sacc[nj][3]);
+    fence_proxy_async_shared();  // for the wgmma reads after the next barrier
   };
   if (state_warp) {
     if (slot.in)
@@ -542,6 +624,24 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
                                                     (rem % lpr) * 128));
     }
   };
+  // fp16: one raw tile (panels of 64 rows x 128 B) as bf16 hi in place + lo at lo_dst, exact
+  // (split by the `threads` threads numbered t). Ends with the proxy fence: the tiles are wgmma
+  // operands.
+  auto split_tile = [&](E* tile, char* lo_dst, int t, int threads) {
+    auto* raw = reinterpret_cast<uint4*>(tile);
+#pragma unroll 4
+    for (int i = t; i < int(kTile / 16); i += threads) {
+      const uint4 x = raw[i];
+      uint4 hi, lo;
+      split_f16x2(x.x, hi.x, lo.x);
+      split_f16x2(x.y, hi.y, lo.y);
+      split_f16x2(x.z, hi.z, lo.z);
+      split_f16x2(x.w, hi.w, lo.w);
+      raw[i] = hi;
+      reinterpret_cast<uint4*>(lo_dst)[i] = lo;
+    }
+    fence_proxy_async_shared();
+  };
   if (warp == kWyProducer) {
     for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
     if (nch > 0 && lane == 0) issue(0, 0);
@@ -562,42 +662,65 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     // A last chunk: key rows past the sequence end may hold the next sequence's tokens; zero
     // them (the recurrence warps, their only readers). Query rows there only reach output rows
     // that are not written.
-    if (L < C && warp < kWyRecWarps)
+    if (L < C && warp < kWyRecWarps) {
       for (int idx = tid; idx < kPanels * (C - L) * 8; idx += kRecThreads) {
         const int pn = idx / ((C - L) * 8), rem = idx % ((C - L) * 8);
         reinterpret_cast<uint4*>(st_k(st) + pn * (C * 64) + (L + rem / 8) * 64)[rem % 8] =
             make_uint4(0, 0, 0, 0);
       }
+      fence_proxy_async_shared();  // the tensor cores read the K tile (wgmma A operand)
+    }
     // Chunk ch's tiles visible to all; every read of stage st ^ 1 (chunk ch - 1, read-out
     // included) and of state buffer sb ^ 1 is done.
     __syncthreads();
+    if constexpr (kF16) {
+      // fp16: K (the recurrence warps, its only readers) and Q (the read-out warps) as bf16 hi
+      // (in place) + lo (klo), exact, once per chunk for every product that reads them; each
+      // group waits for its own tile at its own barrier (the producer pads racecheck's count).
+      if (warp < kWyRecWarps) {
+        split_tile(st_k(st), klo, tid, kRecThreads);
+        named_bar_sync(kWyBarRec, kRecThreads);
+      } else if (warp < kWyProducer) {
+        split_tile(st_k(st) + kTile / 2, klo + kTile, tid - kRecThreads, kWyReadWarps * 32);
+        named_bar_sync(kWyBarPadRead, kWyReadWarps * 32);
+      } else {
+        named_bar_sync(kWyBarPadProducer, 32);
+      }
+    }
     KLA_WY_MARK(1);
     const char* rec = st_rec(st);
     const float* sc = reinterpret_cast<const float*>(rec + R::sc);
     const E* Ks = st_k(st);
-    const E* Qs = Ks + kTile / 2;
+    // The K and Q tiles as wgmma operands (bf16: raw; fp16: hi parts, lo parts klo_k further).
+    const char* Kb = reinterpret_cast<const char*>(Ks);
+    const char* Qb = Kb + kTile;
+    const int klo_k = int(klo - Kb), klo_q = int(klo + kTile - Qb);
 
     if (warp < kWyRecWarps) {
       // Step A. R = diag(cu) V - diag(cw) K S for row block w % 4, columns of half w / 4.
       {
         const int mi = warp & 3, n0 = (warp >> 2) * (VS / 2);
-        float d[NH][3][4] = {};
-        raw_times_split<E, KD / 16, NH, SP>(
-            [&](int ks, uint32_t(&r)[4]) { ldsm4(r, Ks + frag_a_swz(mi * 16, ks * 16, lane)); },
-            s_hi(sb), s_lo(sb), n0, d);
+        float d[NH][4];
+        wg_times_split<KD / 16, VS, NH, false, kF16>(
+            Kb, klo_k, 0, s_split(sb) + (warp >> 2) * VS * 128, 2 * VS * 128, d);
         const E* Vs = st_v(st);
+        // R's 16 x 8 tiles split by one stmatrix each (hi rows mi*16.., +8.., then lo; lane l
+        // addresses row l % 8 of matrix l / 8).
+        const int m = lane >> 3, srow_r = mi * 16 + (m & 1) * 8 + (lane & 7);
+        __nv_bfloat16* rdst = (m >> 1 ? Rl : Rh) + srow_r * SP + n0;
 #pragma unroll
-        for (int nt = 0; nt < NH; ++nt)
+        for (int nt = 0; nt < NH; ++nt) {
+          uint32_t h[2], l[2];
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
             const int i = mi * 16 + g + hr * 8, cc = n0 + nt * 8 + 2 * t4;
             const E2 v = *reinterpret_cast<const E2*>(Vs + i * VS + cc);
             const float cu = sc[kWyColU + i], cw = sc[kWyColW + i];
-            store_split_bf16x2(
-                Rh + i * SP + cc, Rl + i * SP + cc,
-                fmaf(cu, Dtype<E>::to_float(v.x), -cw * parts_sum(d[nt], 2 * hr)),
-                fmaf(cu, Dtype<E>::to_float(v.y), -cw * parts_sum(d[nt], 2 * hr + 1)));
+            split_bf16x2(fmaf(cu, Dtype<E>::to_float(v.x), -cw * d[nt][2 * hr]),
+                         fmaf(cu, Dtype<E>::to_float(v.y), -cw * d[nt][2 * hr + 1]), h[hr], l[hr]);
           }
+          stsm4(rdst + nt * 8, h[0], h[1], l[0], l[1]);
+        }
       }
       KLA_WY_MARK(2);
       named_bar_arrive(kWyBarR, kRThreads);    // R ready for the read-out warps
@@ -609,34 +732,31 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
         const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / 2);
         float d[NH][3][4] = {};
         tri_split_times_split<NH, SP>(rec + R::th, rec + R::tl, Rh, Rl, mi, n0, d);
+        const float w0 = sc[kWyScUpd + mi * 16 + g], w1 = sc[kWyScUpd + mi * 16 + g + 8];
 #pragma unroll
         for (int nt = 0; nt < NH; ++nt)
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int i = mi * 16 + g + hr * 8, cc = n0 + nt * 8 + 2 * t4;
-            const float w = sc[kWyScUpd + i];
-            store_split_bf16x2(Xh + i * SP + cc, Xl + i * SP + cc, w * parts_sum(d[nt], 2 * hr),
-                               w * parts_sum(d[nt], 2 * hr + 1));
-          }
+          store_tile_kmajor(Xs, mi * 16, n0 + nt * 8, w0 * parts_sum(d[nt], 0),
+                            w0 * parts_sum(d[nt], 1), w1 * parts_sum(d[nt], 2),
+                            w1 * parts_sum(d[nt], 3));
+        fence_proxy_async_shared();  // X for step C's wgmma, after the barrier
       }
       KLA_WY_MARK(4);
       named_bar_sync(kWyBarRec, kRecThreads);  // X visible to the state warps
       KLA_WY_MARK(5);
       // Step C. The state warps: S <- gamma_C S + K^T X on their block (the parts in separate
       // accumulators: shorter dependency chains), split into the other buffer.
-      if (state_warp) {
-        float d[SNJ][3][4] = {};
-        raw_times_split<E, C / 16, SNJ, SP>(  // K^T X: the K tile read transposed
-            [&](int ks, uint32_t(&r)[4]) {
-              ldsm4_t(r, Ks + frag_a_t_swz(srow * 16, ks * 16, lane));
-            },
-            Xh, Xl, scol, d);
-        const float gend = sc[kWyGend];
+      {
+        float d[SNJ][4];
+        wg_times_split<C / 16, 2 * VS / SCS, NH, true, kF16>(  // K^T X: the K tile transposed
+            Kb, klo_k, SCS == 2 ? 0 : (warp >> 2) * 64, Xs + 2 * scol * 128, 0, d);
+        if (state_warp) {
+          const float gend = sc[kWyGend];
 #pragma unroll
-        for (int nj = 0; nj < SNJ; ++nj)
+          for (int nj = 0; nj < SNJ; ++nj)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sacc[nj][e] = fmaf(gend, sacc[nj][e], parts_sum(d[nj], e));
-        store_state_split(sb ^ 1);  // read after the next chunk's first barrier
+            for (int e = 0; e < 4; ++e) sacc[nj][e] = fmaf(gend, sacc[nj][e], d[nj][e]);
+          store_state_split(sb ^ 1);  // read after the next chunk's first barrier
+        }
       }
     } else if (warp < kWyProducer) {
       // Read-out of row block mi: O = diag(gamma qscale) Q S_ch + (P T) R, written out: Q S
@@ -644,15 +764,13 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       const int mi = warp - kWyRecWarps;
       float o0[NJ][4];
       {
-        float d[NJ][3][4] = {};
-        raw_times_split<E, KD / 16, NJ, SP>(
-            [&](int ks, uint32_t(&r)[4]) { ldsm4(r, Qs + frag_a_swz(mi * 16, ks * 16, lane)); },
-            s_hi(sb), s_lo(sb), 0, d);
+        float d[NJ][4];
+        wg_times_split<KD / 16, 2 * VS, NH, false, kF16>(Qb, klo_q, 0, s_split(sb), 2 * VS * 128,
+                                                         d);
 #pragma unroll
         for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            o0[nj][e] = sc[mi * 16 + g + (e >> 1) * 8] * parts_sum(d[nj], e);
+          for (int e = 0; e < 4; ++e) o0[nj][e] = sc[mi * 16 + g + (e >> 1) * 8] * d[nj][e];
       }
       named_bar_sync(kWyBarR, kRThreads);  // R of this chunk visible
       float d[NJ][3][4] = {};
@@ -740,7 +858,7 @@ bool make_tile_map(CUtensorMap& m, const void* base, const int64_t (&st)[3], con
 template <class E, int KD, int VS>
 cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const char* ws,
                            const CUtensorMap& kmap, const CUtensorMap& qmap) {
-  constexpr int64_t bytes = wy_scan_smem_bytes<KD, VS>();
+  constexpr int64_t bytes = wy_scan_smem_bytes<E, KD, VS>();
   CUtensorMap vmap;
   if (!make_tile_map<E>(vmap, p.v, p.vs, p, p.V, p.HV, VS, false)) return cudaErrorInvalidValue;
   const auto kern = chunk_wy_scan_kernel<E, KD, VS>;
@@ -756,7 +874,7 @@ template <class E, int KD>
 cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int sms,
                                int64_t max_smem, int force_vs, bool& ran) {
   constexpr int64_t prep_bytes = wy_prep_smem_bytes<KD>();
-  if (prep_bytes > max_smem || wy_scan_smem_bytes<KD, 16>() > max_smem) return cudaSuccess;
+  if (prep_bytes > max_smem || wy_scan_smem_bytes<E, KD, 16>() > max_smem) return cudaSuccess;
   // Every tensor map is made before anything is launched: a layout the driver refuses (V's too,
   // probed with the 16-column box; the 32-column one has the same strides) leaves the TF32 path.
   CUtensorMap kmap, qmap, vprobe;
@@ -767,9 +885,9 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
   // Value slice: 32 columns halve the per-column traffic of the scan (every slice reads the
   // chunk's record and K / Q tiles) but also the number of blocks; take it while it still leaves
   // about one block per multiprocessor.
-  bool wide = p.V % 32 == 0 && wy_scan_smem_bytes<KD, 32>() <= max_smem &&
+  bool wide = p.V % 32 == 0 && wy_scan_smem_bytes<E, KD, 32>() <= max_smem &&
               int64_t(p.N) * p.HV * (p.V / 32) >= sms / 2;
-  if (force_vs == 32 && p.V % 32 == 0 && wy_scan_smem_bytes<KD, 32>() <= max_smem) wide = true;
+  if (force_vs == 32 && p.V % 32 == 0 && wy_scan_smem_bytes<E, KD, 32>() <= max_smem) wide = true;
   if (force_vs == 16) wide = false;
   ran = true;
   cudaError_t e = cudaFuncSetAttribute(
@@ -793,7 +911,12 @@ cudaError_t launch_chunk_wy(const KernelParams& p, cudaStream_t stream, int cc_m
   if constexpr (std::is_same_v<E, float>) {
     return cudaSuccess;
   } else {
-    if (cc_major < 9 || !p.ws || p.max_chunks <= 0 || p.N > 65535 || p.HV > 65535 || p.V % 16 != 0)
+#ifndef KLA_HAVE_SM90A
+    (void)p, (void)stream, (void)cc_major, (void)sms, (void)max_smem, (void)force_vs;
+    return cudaSuccess;  // the scan's wgmma needs an sm_90a image (cuda/CMakeLists.txt)
+#else
+    // sm_90a code runs on compute capability 9.0 only.
+    if (cc_major != 9 || !p.ws || p.max_chunks <= 0 || p.N > 65535 || p.HV > 65535 || p.V % 16 != 0)
       return cudaSuccess;
     switch (p.K) {
       case 64: return launch_chunk_wy_kd<E, 64>(p, stream, sms, max_smem, force_vs, ran);
@@ -801,6 +924,7 @@ cudaError_t launch_chunk_wy(const KernelParams& p, cudaStream_t stream, int cc_m
       case 128: return launch_chunk_wy_kd<E, 128>(p, stream, sms, max_smem, force_vs, ran);
       default: return cudaSuccess;
     }
+#endif
   }
 }
 
