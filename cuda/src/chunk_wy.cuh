@@ -467,7 +467,7 @@ __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, 
                             : A + m0 * 128 + (ks >> 2) * kPanel + (ks & 3) * 32;
 #pragma unroll
     for (int part = 0; part < (kALo ? 2 : 1); ++part)
-      wgmma_ss_bf16<N, kTransA ? 1 : 0>(d, wgmma_desc_sw128(a + part * a_lo, kPanel), bd);
+      wgmma_ss_bf16<kTransA ? 1 : 0>(d, wgmma_desc_sw128(a + part * a_lo, kPanel), bd);
   }
   wgmma_commit();
   wgmma_wait_all();
