@@ -388,7 +388,7 @@ static_assert(wy_split_layout_is_one_to_one<128, 16>() &&
 
 /// Two stages, the state split twice (S_c read while S_c+1 is written) and X split (wgmma B
 /// tiles, K-major: [value column][key or token]), R split ([token][SP], mma.sync B), for fp16 the
-/// lo parts of the chunk's K and Q tiles (wy_split_tiles), then the two stage barriers.
+/// lo parts of the chunk's K and Q tiles (split_tile), then the two stage barriers.
 template <class E, int KD, int VS>
 __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
   return 2 * wy_stage_bytes<KD, VS>() + 2 * wy_state_split_bytes<KD, VS>() + 2LL * VS * 128 +
@@ -444,7 +444,7 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
 /// KSTEPS k-steps, one wgmma group with both operands read by the tensor cores from shared memory.
 /// A: rows m0.. of a bf16 tile as the TMA boxes leave it (panels of 64 columns x 64 rows x 128 B,
 /// 128-byte swizzle), or of its transpose (kTransA: A = tile^T, m0 a multiple of 64); with kALo
-/// also its lo part, a_lo bytes further (fp16 inputs, wy_split_tiles). B: a split tile (K-major,
+/// also its lo part, a_lo bytes further (fp16 inputs, split_tile). B: a split tile (K-major,
 /// 128-byte swizzle, rows as wy_split_row from a half's first row, b_panel bytes between 64-k
 /// panels); N counts its hi and lo rows (N / 16 column tiles), NH tiles a half. The result is
 /// A B_hi + A B_lo (+ A_lo B_hi + A_lo B_lo, the last far below the split's precision).
