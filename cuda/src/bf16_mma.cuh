@@ -47,15 +47,14 @@ __device__ __forceinline__ void mma_raw(float (&d)[4], const uint32_t (&a)[4], u
     mma_bf16(d, a, b0, b1);
 }
 
-/// One k-step of a split product into its three parts: d[0] += Ah Bh, d[1] += Ah Bl and, when
-/// kALo, d[2] += Al Bh (Al Bl is below the split's precision and dropped).
-template <bool kALo>
+/// One k-step of a split product into its three parts: d[0] += Ah Bh, d[1] += Ah Bl, d[2] +=
+/// Al Bh (Al Bl is below the split's precision and dropped).
 __device__ __forceinline__ void mma_bf16_split(float (&d)[3][4], const uint32_t (&ah)[4],
                                                const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1,
                                                uint32_t bl0, uint32_t bl1) {
   mma_bf16(d[0], ah, bh0, bh1);
   mma_bf16(d[1], ah, bl0, bl1);
-  if constexpr (kALo) mma_bf16(d[2], al, bh0, bh1);
+  mma_bf16(d[2], al, bh0, bh1);
 }
 
 /// Four 8 x 8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8.

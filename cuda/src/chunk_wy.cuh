@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kWyThreads, 4)
           const int k = ks * 16 + 2 * t4 + e * 8, col = nb * 16 + nt * 8 + g;
           split_bf16x2(tm[k * kMP + col], tm[(k + 1) * kMP + col], bh[e], bl[e]);
         }
-        mma_bf16_split<true>(d[nt], ah, al, bh[0], bh[1], bl[0], bl[1]);
+        mma_bf16_split(d[nt], ah, al, bh[0], bh[1], bl[0], bl[1]);
       }
     }
 #pragma unroll
@@ -396,10 +396,10 @@ __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
          (std::is_same_v<E, __half> ? 2 * wy_tile_bytes<KD>() : 0) + 2 * 8;
 }
 
-/// One k-step of a split product: d[nt][part] += A B_ks for an A fragment as bf16 parts (ah,
-/// al; al used when kALo) and k-step ks of a split B (Bh / Bl, [k][SP]), NT 8-column tiles from
-/// column n0: parts hi hi, hi lo and lo hi.
-template <int NT, int SP, bool kALo>
+/// One k-step of a split product: d[nt][part] += A B_ks for an A fragment as bf16 parts (ah, al)
+/// and k-step ks of a split B (Bh / Bl, [k][SP]), NT 8-column tiles from column n0: parts hi hi,
+/// hi lo and lo hi.
+template <int NT, int SP>
 __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_t (&ah)[4],
                                              const uint32_t (&al)[4], const __nv_bfloat16* Bh,
                                              const __nv_bfloat16* Bl, int ks, int n0, int lane) {
@@ -407,7 +407,7 @@ __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_
     uint32_t bh[2], bl[2];
     ldsm2_t(bh, Bh + frag_b_kn(SP, ks * 16, n0, lane));
     ldsm2_t(bl, Bl + frag_b_kn(SP, ks * 16, n0, lane));
-    mma_bf16_split<kALo>(d[0], ah, al, bh[0], bh[1], bl[0], bl[1]);
+    mma_bf16_split(d[0], ah, al, bh[0], bh[1], bl[0], bl[1]);
   } else {
     static_assert(NT % 2 == 0, "one tile or pairs of tiles");
 #pragma unroll
@@ -415,8 +415,8 @@ __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_
       uint32_t bh[4], bl[4];
       ldsm4_t(bh, Bh + frag_b_kn(SP, ks * 16, n0 + np * 16, lane));
       ldsm4_t(bl, Bl + frag_b_kn(SP, ks * 16, n0 + np * 16, lane));
-      mma_bf16_split<kALo>(d[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
-      mma_bf16_split<kALo>(d[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+      mma_bf16_split(d[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
+      mma_bf16_split(d[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
     }
   }
 }
@@ -435,7 +435,7 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
     const int off = wy_packed_offset(mi * 16, ks * 16) + lane * 16;
     ldsm4(ah, Ah + off);
     ldsm4(al, Al + off);
-    split_k_step<NT, SP, true>(d, ah, al, Bh, Bl, ks, n0, lane);
+    split_k_step<NT, SP>(d, ah, al, Bh, Bl, ks, n0, lane);
   }
 }
 
@@ -743,8 +743,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       KLA_WY_MARK(4);
       named_bar_sync(kWyBarRec, kRecThreads);  // X visible to the state warps
       KLA_WY_MARK(5);
-      // Step C. The state warps: S <- gamma_C S + K^T X on their block (the parts in separate
-      // accumulators: shorter dependency chains), split into the other buffer.
+      // Step C. S <- gamma_C S + K^T X (both warpgroups run the wgmma; the state warps keep
+      // their block), split into the other buffer.
       {
         float d[SNJ][4];
         wg_times_split<C / 16, 2 * VS / SCS, NH, true, kF16>(  // K^T X: the K tile transposed
