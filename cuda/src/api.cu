@@ -61,6 +61,14 @@ kla::kernels::KernelParams translate(const kla_params& p) {
       longest = std::max<int64_t>(longest, p.cu_seqlens_host[n + 1] - p.cu_seqlens_host[n]);
   }
   k.max_chunks = int((longest + kla::detail::kFastChunk - 1) / kla::detail::kFastChunk);
+  // Where the records end (kla_workspace_size lays the images out after them).
+  const bool packed = p.cu_seqlens != nullptr;
+  const int64_t image = kla::detail::wy_image_bytes(p.head_dim_k, p.dtype == KLA_DTYPE_BF16);
+  k.ws_images = p.workspace && image > 0
+                    ? static_cast<char*>(p.workspace) +
+                          kla::detail::fast_chunk_slots(k.N, k.T, packed) * k.HV *
+                              kla::detail::ws_record_bytes(p.head_dim_k, p.head_dim_v)
+                    : nullptr;
   return k;
 }
 
@@ -108,10 +116,9 @@ cudaError_t run_chunk(const KernelParams& kp, cudaStream_t stream, const Device&
                        : std::strcmp(path, "wy16") == 0 ? 16
                        : std::strcmp(path, "wy32") == 0 ? 32
                                                         : 0;
-  if constexpr (!std::is_same_v<E, float>)
-    if (!portable)
-      e = kla::kernels::launch_chunk_wy<E>(kp, stream, dev.cc_major, dev.sms, dev.max_smem,
-                                           force_vs, ran);
+  if (!portable)
+    e = kla::kernels::launch_chunk_wy<E>(kp, stream, dev.cc_major, dev.sms, dev.max_smem, force_vs,
+                                         ran);
   if (e == cudaSuccess && !ran)
     e = kla::kernels::launch_chunk_fast<E>(kp, stream, dev.sms, dev.max_smem, ran);
   if (e == cudaSuccess && !ran)

@@ -1,5 +1,5 @@
-// WY chunkwise path (prefill) for bf16 / fp16 storage on sm_90a: bf16 tensor cores with every
-// fp32 intermediate split into hi + lo, the scan reduced to the state-dependent products.
+// WY chunkwise path (prefill) for bf16 / fp16 / fp32 storage on sm_90a: bf16 tensor cores with
+// every fp32 intermediate split into hi + lo, the scan reduced to the state-dependent products.
 //
 // Same mathematics as chunk_fast.cuh (SPEC §1 chunk form in the normalised-key form, chunks of
 // C = 64), with the chunk system's inverse formed ahead of the scan (paper App. B, WY form):
@@ -12,8 +12,10 @@
 //     scalars, T exactly as the TF32 path (invert_unit_lower: fp32 diagonal blocks, the blocks
 //     below on the tensor cores in split TF32) and P T (fp32 P and T entering the tensor cores
 //     split), written split into the workspace record (workspace.hpp): their lower 16 x 16
-//     blocks only, packed in ldmatrix order, 22 KB whatever the head dims. 4 blocks a
-//     multiprocessor (64 registers, 53 KB of shared memory at K = 128).
+//     blocks only, packed in ldmatrix order, 22 KB whatever the head dims. fp16 / fp32: also the
+//     chunk's K and Q tiles split into bf16 hi + lo, as the scan's wgmma operand images
+//     (write_wy_images), once per key head, so that the value slices do not each split them.
+//     4 blocks a multiprocessor (64 registers, 53 KB of shared memory at K = 128; fp32 2).
 //  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 16 or 32 value columns),
 //     chunks in order, warps in three roles:
 //       8 recurrence warps (the chain from chunk to chunk; warpgroups 0 and 1): A. R = diag(cu) V
@@ -23,23 +25,28 @@
 //       4 read-out warps (off the chain; warpgroup 2): Q S_ch while R forms, then O =
 //         diag(gamma qscale) Q S_ch + (P T) R once it has (a named barrier the recurrence warps
 //         only arrive at);
-//       1 warp that issues the next chunk's copies (record by one bulk copy, 128-byte swizzled
-//         K / Q boxes and V's slice by tensor copies) into a two-stage ring, and L2 prefetches
-//         further ahead.
+//       1 warp that issues the next chunk's copies (record by one bulk copy; bf16 K / Q as
+//         128-byte swizzled boxes by tensor copies, fp16 / fp32 the prep's images of them by one
+//         bulk copy; V's slice by a tensor copy) into a two-stage ring, and L2 prefetches further
+//         ahead. Where the stages have no room for V (fp16 / fp32 at VS = 32, wy_v_in_smem), V
+//         goes from global memory to the recurrence warps' registers a chunk ahead instead.
 //     K S, Q S and K^T X run on wgmma (wgmma.cuh) with both operands in shared memory: the K / Q
-//     boxes as the TMA leaves them (K^T as the M-major view of the same box), S and X as split
+//     boxes as the TMA leaves them or the images (K^T as the M-major view), S and X as split
 //     K-major tiles whose rows hold each half of the slice's columns as hi rows then lo rows
 //     (wy_split_row), so one wgmma gives both parts; they are written from the accumulators by
 //     transposing stmatrix. T R and (P T) R stay on mma.sync (packed triangular records).
 //     One __syncthreads per chunk frees the stage and the state buffer that the last chunk read.
 //
 // Precision. The products are bf16 with fp32 accumulation. Raw bf16 inputs are exact operands;
-// fp16 K / Q tiles are split once per chunk in shared memory into bf16 hi + lo (exact), and both
-// parts enter the products; fp32 intermediates (S, R, X, T, P T) as hi = bf16(x), lo = bf16(x -
-// hi), 16 significant bits together, and a product of two split operands keeps hi*hi + hi*lo +
-// lo*hi (relative error ~2^-16, far below the bf16 / fp16 storage roundoff that bounds the
-// outputs). The inverse stays fp32-grade (split
-// TF32, ~2^-21; see prefill_notes.md: a low-precision inverse is a known weak point).
+// fp16 K / Q enter as bf16 hi + lo (exact), fp32 K / Q as hi + lo (16 significant bits, the
+// split's only rounding of an input: fp32 outputs ~5e-6 relative RMS against a 1e-5 target; the
+// TF32 path keeps ~5e-7 at about 3x the time), and both parts enter the products; fp32
+// intermediates (S, R, X, T, P T) as hi = bf16(x), lo = bf16(x - hi), 16 significant bits
+// together, and a product of two split operands keeps hi*hi + hi*lo + lo*hi (relative error
+// ~2^-16, far below the bf16 / fp16 storage roundoff that bounds the outputs). V and the
+// norms are used in fp32 as given (K K^T, whose diagonal gives the norms, is exact for bf16 /
+// fp16 inputs and split TF32, ~2^-21, for fp32). The inverse stays fp32-grade (split TF32,
+// ~2^-21; see prefill_notes.md: a low-precision inverse is a known weak point).
 // Deterministic: fixed orders, no atomics.
 #pragma once
 
@@ -69,9 +76,9 @@ constexpr int kWyThreads = 256;  // prep
 constexpr int kWyRecWarps = 8, kWyReadWarps = 4, kWyProducer = kWyRecWarps + kWyReadWarps;
 constexpr int kWyScanThreads = (kWyProducer + 1) * 32;
 // Named barriers (0 is __syncthreads): R ready for the read-out warps (the recurrence warps
-// arrive, the read-out warps wait), the recurrence warps among themselves (R, then X; fp16 also
-// after splitting K), and two that pad the read-out warps (fp16: also after splitting Q) and the
-// producer to as many barrier waits per chunk as the recurrence warps (3, fp16 4):
+// arrive, the read-out warps wait), the recurrence warps among themselves (R, then X), and two
+// that pad the read-out warps and the producer to as many barrier waits per chunk as the
+// recurrence warps (3):
 // compute-sanitizer racecheck behaves as if it ordered two warps' accesses by how many barriers
 // each has waited at (prefill_notes.md, w18), and without the padding reports accesses ordered by
 // the chunk's __syncthreads as hazards.
@@ -127,19 +134,59 @@ __device__ __forceinline__ void load_rows_async(E* dst, int DP, const E* src, in
 
 // ---- pass 1: per-chunk preparation ----------------------------------------------------------
 
-template <int KD>
+/// fp16 / fp32: the chunk's K and Q tiles (raw in shared memory, pitch KP, rows past the chunk
+/// zero) as the scan's wgmma A operands, split into bf16 hi + lo: a K image then a Q image at dst
+/// (workspace.hpp), each 64-column panel as its hi panel then its lo panel, 64 rows x 128 B with
+/// the 128-byte swizzle (16-byte piece c of row r at c ^ r % 8), columns past KD zero. fp16
+/// values are exact in hi + lo; fp32 keep 16 significant bits (relative error <= 2^-17). Piece
+/// order: 8 consecutive threads fill one 128-byte line. Called by all kWyThreads threads.
+template <class E, int KD>
+__device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP, char* dst) {
+  constexpr int kPanels = (KD + 63) / 64, kPieces = kFC * kPanels * 8, kPanel = kFC * 128;
+  constexpr int64_t kImage = 2LL * kPanels * kPanel;
+  static_assert(kImage == kla::detail::wy_image_bytes(KD, false), "workspace.hpp's image size");
+  for (int idx = int(threadIdx.x); idx < 2 * kPieces; idx += kWyThreads) {
+    const bool isq = idx >= kPieces;
+    const int q = isq ? idx - kPieces : idx, row = q / (kPanels * 8), pn = (q >> 3) % kPanels,
+              c = q & 7, k0 = pn * 64 + c * 8;
+    uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
+    if (k0 < KD) {
+      const E* src = (isq ? Qr : Kr) + row * KP + k0;
+      if constexpr (std::is_same_v<E, float>) {
+        const float4 a = *reinterpret_cast<const float4*>(src);
+        const float4 b = *reinterpret_cast<const float4*>(src + 4);
+        split_bf16x2(a.x, a.y, hi.x, lo.x);
+        split_bf16x2(a.z, a.w, hi.y, lo.y);
+        split_bf16x2(b.x, b.y, hi.z, lo.z);
+        split_bf16x2(b.z, b.w, hi.w, lo.w);
+      } else {
+        const uint4 x = *reinterpret_cast<const uint4*>(src);
+        split_f16x2(x.x, hi.x, lo.x);
+        split_f16x2(x.y, hi.y, lo.y);
+        split_f16x2(x.z, hi.z, lo.z);
+        split_f16x2(x.w, hi.w, lo.w);
+      }
+    }
+    char* d = dst + (isq ? kImage : 0) + pn * 2 * kPanel + row * 128 + ((c ^ (row & 7)) << 4);
+    *reinterpret_cast<uint4*>(d) = hi;
+    *reinterpret_cast<uint4*>(d + kPanel) = lo;
+  }
+}
+
+template <class E, int KD>
 __host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
-  constexpr int64_t kq = int64_t(kFC) * (KD + 8) * 2, l = int64_t(kFC) * kMP * 4;
+  constexpr int64_t kq = int64_t(kFC) * raw_pitch<E>(KD) * sizeof(E), l = int64_t(kFC) * kMP * 4;
   return kq + (kq > l ? kq : l) + (int64_t(kFC) * kMP + 7 * kFC) * 4;
 }
 
 // 4 blocks a multiprocessor: 64 registers with a few spills beat 71 registers at 3 blocks
-// (prefill_notes.md, w24: 295 -> 275 us at 1 x 32768 x 16).
+// (prefill_notes.md, w24: 295 -> 275 us at 1 x 32768 x 16). fp32 tiles take twice the shared
+// memory, so 2 blocks fit and the registers need not be capped as hard.
 template <class E, int KD>
-__global__ void __launch_bounds__(kWyThreads, 4)
+__global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 2 : 4)
     chunk_wy_prep_kernel(const KernelParams p, char* __restrict__ ws) {
   using R = WyRecord;
-  constexpr int C = kFC, KP = KD + 8;
+  constexpr int C = kFC, KP = raw_pitch<E>(KD);
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   const PrepTile pt = prep_tile(p);
@@ -148,7 +195,7 @@ __global__ void __launch_bounds__(kWyThreads, 4)
   const SeqRange sr = pt.sr;
   const int64_t tb = pt.tb;
 
-  constexpr int64_t kq_bytes = int64_t(C) * KP * 2, l_bytes = int64_t(C) * kMP * 4;
+  constexpr int64_t kq_bytes = int64_t(C) * KP * sizeof(E), l_bytes = int64_t(C) * kMP * 4;
   E* Kr = reinterpret_cast<E*>(smem);            // [C][KP] raw keys, then the inverse's scratch
   char* region = smem + kq_bytes;                // Q, then lm, then P
   E* Qr = reinterpret_cast<E*>(region);          // [C][KP] raw queries
@@ -160,8 +207,9 @@ __global__ void __launch_bounds__(kWyThreads, 4)
   float* qsc = bet + C;
   float* Gv = qsc + C;
   float* kn2 = Gv + C;  // squared key norms
-  static_assert(wy_prep_smem_bytes<KD>() == kq_bytes + (kq_bytes > l_bytes ? kq_bytes : l_bytes) +
-                                                (int64_t(C) * kMP + 5 * C) * 4 + 2 * C * 4,
+  static_assert(wy_prep_smem_bytes<E, KD>() == kq_bytes +
+                                                   (kq_bytes > l_bytes ? kq_bytes : l_bytes) +
+                                                   (int64_t(C) * kMP + 5 * C) * 4 + 2 * C * 4,
                 "prep shared layout");
   static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
   static_assert((kq_bytes + (kq_bytes > l_bytes ? kq_bytes : l_bytes)) % 16 == 0,
@@ -177,8 +225,16 @@ __global__ void __launch_bounds__(kWyThreads, 4)
   cp_wait<0>();
   __syncthreads();
 
-  char* rec = ws + (chunk_slot(p, n, sr, c) * p.HV + hv) * (p.ws_record_floats * 4);
-  // K K^T and Q K^T on the 10 lower 16 x 16 tiles each (raw inputs exact in the instruction).
+  const int64_t slot = chunk_slot(p, n, sr, c);
+  char* rec = ws + (slot * p.HV + hv) * (p.ws_record_floats * 4);
+  // fp16 / fp32: the K / Q images every value slice of the scan reads, once per key head (by
+  // its group's first value head).
+  if constexpr (!std::is_same_v<E, __nv_bfloat16>)
+    if (hv % (p.HV / p.H) == 0)
+      write_wy_images<E, KD>(
+          Kr, Qr, KP, p.ws_images + (slot * p.H + h) * 2 * kla::detail::wy_image_bytes(KD, false));
+  // K K^T and Q K^T on the 10 lower 16 x 16 tiles each: bf16 / fp16 inputs are exact in the
+  // instruction; fp32 inputs enter split TF32 hi + lo (three products, ~2^-21, as the TF32 path).
   // Unit u < 10: K K^T tile, else Q K^T tile; tile tl -> (row block mi, column block nb <= mi).
   auto unit_tile = [](int u, bool& isq, int& mi, int& nb) {
     isq = u >= 10;
@@ -205,16 +261,34 @@ __global__ void __launch_bounds__(kWyThreads, 4)
     for (int nj = 0; nj < 2; ++nj)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[k][nj][e] = 0.f;
+    if constexpr (std::is_same_v<E, float>) {
+      float d[2][3][4] = {};  // [nj][part]; the A fragment is split once for both column tiles
+#pragma unroll 2
+      for (int kk = 0; kk < KD; kk += 8) {
+        const FragA a = load_a_perm<true>(A, KP, mi * 16, kk, g, t4);
+#pragma unroll
+        for (int nj = 0; nj < 2; ++nj) {
+          const FragB b = load_b_nk_perm<true>(Kr, KP, kk, nb * 16 + nj * 8, g, t4);
+          mma3<true, true>(d[nj][0], d[nj][1], d[nj][2], a, b);
+        }
+      }
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[k][nj][e] = parts_sum(d[nj], e);
+    } else {
 #pragma unroll 4
-    for (int ks = 0; ks < KD / 16; ++ks) {
-      uint32_t a[4], b[4];
-      ldsm4(a, A + frag_a(KP, mi * 16, ks * 16, lane));
-      ldsm4(b, Kr + frag_b_nk(KP, ks * 16, nb * 16, lane));
-      mma_raw<E>(acc[k][0], a, b[0], b[1]);
-      mma_raw<E>(acc[k][1], a, b[2], b[3]);
+      for (int ks = 0; ks < KD / 16; ++ks) {
+        uint32_t a[4], b[4];
+        ldsm4(a, A + frag_a(KP, mi * 16, ks * 16, lane));
+        ldsm4(b, Kr + frag_b_nk(KP, ks * 16, nb * 16, lane));
+        mma_raw<E>(acc[k][0], a, b[0], b[1]);
+        mma_raw<E>(acc[k][1], a, b[2], b[3]);
+      }
     }
   });
-  // Squared key norms from the diagonal of K K^T (fp32 sums of exact products).
+  // Squared key norms from the diagonal of K K^T (fp32 sums of exact products; fp32 inputs:
+  // of the three-part products).
   for_units(10, [&](int k, bool, int mi, int nb) {
     if (nb != mi) return;
 #pragma unroll
@@ -335,15 +409,44 @@ template <int VS>
 constexpr int wy_scan_pitch() {
   return VS + 8;
 }
-/// Bytes of one raw K or Q tile in the scan: 64-column panels of 64 rows x 128 B (swizzled).
+/// Bytes of one bf16 K or Q tile in the scan: 64-column panels of 64 rows x 128 B (swizzled).
 template <int KD>
 constexpr int64_t wy_tile_bytes() {
   return int64_t((KD + 63) / 64) * kFC * 128;
 }
-/// One stage: record | K tile | Q tile | V slice [64][VS] raw.
-template <int KD, int VS>
+/// Bytes of one K or Q tile in a scan stage: bf16, the raw TMA boxes (exact wgmma operands);
+/// fp16 / fp32, the prep's image of the tile split into bf16 hi + lo (write_wy_images): for each
+/// 64-column panel its hi panel, then its lo panel.
+template <class E, int KD>
+__host__ __device__ constexpr int64_t wy_kq_tile_bytes() {
+  return std::is_same_v<E, __nv_bfloat16> ? wy_tile_bytes<KD>() : 2 * wy_tile_bytes<KD>();
+}
+static_assert(kla::detail::wy_image_bytes(64, false) == wy_kq_tile_bytes<float, 64>() &&
+                  kla::detail::wy_image_bytes(96, false) == wy_kq_tile_bytes<__half, 96>() &&
+                  kla::detail::wy_image_bytes(128, false) == wy_kq_tile_bytes<float, 128>() &&
+                  kla::detail::wy_image_bytes(128, true) == 0,
+              "workspace.hpp's image size");
+/// Largest dynamic shared memory a block may opt into on compute capability 9.0 (the only one the
+/// WY path runs on).
+constexpr int64_t kSm90MaxSmem = 227 * 1024;
+template <class E, int KD, int VS>
+__host__ __device__ constexpr int64_t wy_scan_smem_bytes_v(bool v_in_smem);
+/// Whether the scan's V slice goes through the stages (a tensor copy per chunk) or, where the
+/// stages have no room for it (fp16 / fp32 at VS = 32), from global memory straight to the
+/// recurrence warps' registers a chunk ahead (~4% slower where both fit, measured on bf16).
+template <class E, int KD, int VS>
+__host__ __device__ constexpr bool wy_v_in_smem() {
+  return wy_scan_smem_bytes_v<E, KD, VS>(true) <= kSm90MaxSmem;
+}
+/// One stage: record | K tile | Q tile | V slice [64][VS] raw (when wy_v_in_smem).
+template <class E, int KD, int VS>
+__host__ __device__ constexpr int64_t wy_stage_bytes_v(bool v_in_smem) {
+  return WyRecord::bytes + 2 * wy_kq_tile_bytes<E, KD>() +
+         (v_in_smem ? int64_t(kFC) * VS * int(sizeof(E)) : 0);
+}
+template <class E, int KD, int VS>
 __host__ __device__ constexpr int64_t wy_stage_bytes() {
-  return WyRecord::bytes + 2 * wy_tile_bytes<KD>() + int64_t(kFC) * VS * 2;
+  return wy_stage_bytes_v<E, KD, VS>(wy_v_in_smem<E, KD, VS>());
 }
 /// Bytes of the split state as the wgmma B operand: [KD / 64 panels][2 VS rows][128 B].
 template <int KD, int VS>
@@ -387,13 +490,16 @@ static_assert(wy_split_layout_is_one_to_one<128, 16>() &&
               "split B tile layout");
 
 /// Two stages, the state split twice (S_c read while S_c+1 is written) and X split (wgmma B
-/// tiles, K-major: [value column][key or token]), R split ([token][SP], mma.sync B), for fp16 the
-/// lo parts of the chunk's K and Q tiles (split_tile), then the two stage barriers.
+/// tiles, K-major: [value column][key or token]), R split ([token][SP], mma.sync B), then the
+/// two stage barriers.
+template <class E, int KD, int VS>
+__host__ __device__ constexpr int64_t wy_scan_smem_bytes_v(bool v_in_smem) {
+  return 2 * wy_stage_bytes_v<E, KD, VS>(v_in_smem) + 2 * wy_state_split_bytes<KD, VS>() +
+         2LL * VS * 128 + 2LL * kFC * wy_scan_pitch<VS>() * 2 + 2 * 8;
+}
 template <class E, int KD, int VS>
 __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
-  return 2 * wy_stage_bytes<KD, VS>() + 2 * wy_state_split_bytes<KD, VS>() + 2LL * VS * 128 +
-         2LL * kFC * wy_scan_pitch<VS>() * 2 +
-         (std::is_same_v<E, __half> ? 2 * wy_tile_bytes<KD>() : 0) + 2 * 8;
+  return wy_scan_smem_bytes_v<E, KD, VS>(wy_v_in_smem<E, KD, VS>());
 }
 
 /// One k-step of a split product: d[nt][part] += A B_ks for an A fragment as bf16 parts (ah, al)
@@ -443,16 +549,17 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
 /// r[nj] (8-column tile nj, mma C layout; this warp's 16 rows of the warpgroup's 64) = A B over
 /// KSTEPS k-steps, one wgmma group with both operands read by the tensor cores from shared memory.
 /// A: rows m0.. of a bf16 tile as the TMA boxes leave it (panels of 64 columns x 64 rows x 128 B,
-/// 128-byte swizzle), or of its transpose (kTransA: A = tile^T, m0 a multiple of 64); with kALo
-/// also its lo part, a_lo bytes further (fp16 inputs, split_tile). B: a split tile (K-major,
-/// 128-byte swizzle, rows as wy_split_row from a half's first row, b_panel bytes between 64-k
-/// panels); N counts its hi and lo rows (N / 16 column tiles), NH tiles a half. The result is
-/// A B_hi + A B_lo (+ A_lo B_hi + A_lo B_lo, the last far below the split's precision).
-template <int KSTEPS, int N, int NH, bool kTransA, bool kALo>
+/// 128-byte swizzle, kAPanel bytes apart), or of its transpose (kTransA: A = tile^T, m0 a
+/// multiple of 64); with kALo also its lo part, a_lo bytes further (fp16 / fp32 inputs: the
+/// prep's images, hi panels 16 KB apart, each lo panel 8 KB after its hi panel). B: a split tile
+/// (K-major, 128-byte swizzle, rows as wy_split_row from a half's first row, b_panel bytes between
+/// 64-k panels); N counts its hi and lo rows (N / 16 column tiles), NH tiles a half. The result is
+/// A B_hi + A B_lo (+ A_lo B_hi + A_lo B_lo: the last, up to 2^-18 relative, is as large as the
+/// split's own error, and leaving it out costs more small wgmma than it saves; prefill_notes.md).
+template <int KSTEPS, int N, int NH, bool kTransA, bool kALo, int kAPanel>
 __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, const char* B,
                                                int b_panel, float (&r)[N / 16][4]) {
   static_assert(N % (16 * NH) == 0, "whole halves of hi and lo rows");
-  constexpr int kPanel = kFC * 128;  // bytes of a 64-column panel of the tile
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
@@ -463,11 +570,11 @@ __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, 
     const uint64_t bd = wgmma_desc_sw128(B + (ks >> 2) * b_panel + (ks & 3) * 32);
     // kTransA: rows = tile columns m0.. (panel m0 / 64), k = tile rows 16 ks.. (8-row groups
     // 1024 B apart); else rows = tile rows m0.., k = tile columns 16 ks.. (panel ks / 4).
-    const char* a = kTransA ? A + (m0 >> 6) * kPanel + ks * 2048
-                            : A + m0 * 128 + (ks >> 2) * kPanel + (ks & 3) * 32;
+    const char* a = kTransA ? A + (m0 >> 6) * kAPanel + ks * 2048
+                            : A + m0 * 128 + (ks >> 2) * kAPanel + (ks & 3) * 32;
 #pragma unroll
     for (int part = 0; part < (kALo ? 2 : 1); ++part)
-      wgmma_ss_bf16<kTransA ? 1 : 0>(d, wgmma_desc_sw128(a + part * a_lo, kPanel), bd);
+      wgmma_ss_bf16<kTransA ? 1 : 0>(d, wgmma_desc_sw128(a + part * a_lo, kAPanel), bd);
   }
   wgmma_commit();
   wgmma_wait_all();
@@ -491,10 +598,17 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
                          const __grid_constant__ CUtensorMap vmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using R = WyRecord;
-  using E2 = std::conditional_t<std::is_same_v<E, __half>, __half2, __nv_bfloat162>;
+  constexpr bool kF16 = std::is_same_v<E, __half>, kF32 = std::is_same_v<E, float>;
+  // fp16 / fp32: the K / Q tiles are the prep's images (hi + lo panels, write_wy_images) and
+  // enter every product as both parts; bf16: the raw TMA boxes.
+  constexpr bool kSplitIn = kF16 || kF32;
+  using E2 = std::conditional_t<kF32, float2, std::conditional_t<kF16, __half2, __nv_bfloat162>>;
   constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8, NH = NJ / 2;
-  constexpr int64_t kStage = wy_stage_bytes<KD, VS>(), kTile = wy_tile_bytes<KD>();
+  constexpr int64_t kStage = wy_stage_bytes<E, KD, VS>(), kTile = wy_kq_tile_bytes<E, KD>();
+  constexpr bool kVSmem = wy_v_in_smem<E, KD, VS>();
   constexpr int kPanels = (KD + 63) / 64;
+  // Bytes between the 64-column hi panels of the A tiles, and from a hi panel to its lo panel.
+  constexpr int kAPanel = kSplitIn ? 2 * kFC * 128 : kFC * 128, kALo = kFC * 128;
   constexpr int kRecThreads = kWyRecWarps * 32, kRThreads = (kWyRecWarps + kWyReadWarps) * 32;
   // The 128-byte swizzle of the K / Q boxes needs their shared addresses 1024-byte aligned: the
   // dynamic block starts aligned (no static shared memory in this kernel) and every offset
@@ -503,11 +617,11 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
                 "swizzled TMA boxes need 1024 B alignment");
   static_assert(MT <= kWyRecWarps && kWyReadWarps == 4, "warp roles");
   extern __shared__ __align__(1024) char smem[];
-  // Stage st: record (T_hi, T_lo, PT_hi, PT_lo, scalars) | K, Q raw, each [KD/64 panels][64][128
-  // B swizzled] (kmajor_sw128_offset with 64 rows a panel: wgmma operands, 128-byte TMA box rows) |
-  // V slice [64][VS] raw.
+  // Stage st: record (T_hi, T_lo, PT_hi, PT_lo, scalars) | K, Q, each [KD/64 panels][64][128 B
+  // swizzled] (kmajor_sw128_offset with 64 rows a panel: wgmma operands, 128-byte TMA box rows;
+  // fp16 / fp32: each panel as hi then lo, the prep's images).
   auto st_rec = [&](int st) { return smem + st * kStage; };
-  auto st_k = [&](int st) { return reinterpret_cast<E*>(smem + st * kStage + R::bytes); };
+  auto st_kq = [&](int st) { return smem + st * kStage + R::bytes; };  // K tile, then Q tile
   auto st_v = [&](int st) {
     return reinterpret_cast<E*>(smem + st * kStage + R::bytes + 2 * kTile);
   };
@@ -521,11 +635,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   char* Xs = Sbuf + 2 * kSSplit;  // [2 VS rows][128 B] diag(update scale) U split
   auto* Rh = reinterpret_cast<__nv_bfloat16*>(Xs + kXSplit);  // [C][SP] R split
   __nv_bfloat16* Rl = Rh + C * SP;
-  // fp16: the chunk's K and Q tiles become their bf16 hi parts in place and their lo parts here
-  // ([K | Q], split_tile below).
-  char* klo = reinterpret_cast<char*>(Rl + C * SP);
-  constexpr bool kF16 = std::is_same_v<E, __half>;
-  auto* full = reinterpret_cast<uint64_t*>(klo + (kF16 ? 2 * kTile : 0));  // stage st landed
+  auto* full = reinterpret_cast<uint64_t*>(Rl + C * SP);  // stage st landed
   static_assert(kSSplit % 1024 == 0 && (VS / 2) % 8 == 0, "wgmma B tiles are 1024 B atoms");
   // One 16 x 8 tile (rows r0.., columns c0..) of a [row][column] matrix, held as an mma C
   // fragment v, split into a split B tile t (K-major: [2 VS rows (wy_split_row)][k = row]): one
@@ -594,23 +704,38 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   // K / Q rows (each slice of the head a share of the 128-byte lines), so that the copies find
   // them in L2 rather than DRAM.
   constexpr int kAhead = 3;
+  // fp16 / fp32: chunk ch's K and Q images (workspace.hpp: per chunk slot and key head).
+  auto kq_image = [&](int ch) {
+    return p.ws_images + (chunk_slot(p, n, sr, ch) * p.H + h) * (2 * kTile);
+  };
   auto issue = [&](int st, int ch) {
     const char* rec = ws + (chunk_slot(p, n, sr, ch) * p.HV + hv) * rec_bytes;
-    mbar_expect_tx(&full[st], unsigned(R::bytes + 2 * kTile + C * VS * 2));
+    mbar_expect_tx(&full[st], unsigned(R::bytes + 2 * kTile + (kVSmem ? C * VS * sizeof(E) : 0)));
     bulk_load(st_rec(st), rec, unsigned(R::bytes), &full[st]);
     const int t0 = int(sr.t0 + int64_t(ch) * C);
+    if constexpr (kSplitIn) {
+      const char* img = kq_image(ch);  // K image, then Q image
+      bulk_load(st_kq(st), img, unsigned(2 * kTile), &full[st]);
+    } else {
 #pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) {
-      tile_load(st_k(st) + pn * (C * 64), &kmap, pn * 64, t0, h, int(sr.b), &full[st]);
-      tile_load(st_k(st) + kTile / 2 + pn * (C * 64), &qmap, pn * 64, t0, h, int(sr.b), &full[st]);
+      for (int pn = 0; pn < kPanels; ++pn) {
+        tile_load(st_kq(st) + pn * (C * 128), &kmap, pn * 64, t0, h, int(sr.b), &full[st]);
+        tile_load(st_kq(st) + kTile + pn * (C * 128), &qmap, pn * 64, t0, h, int(sr.b), &full[st]);
+      }
     }
-    tile_load(st_v(st), &vmap, c0, t0, hv, int(sr.b), &full[st]);
+    if constexpr (kVSmem) tile_load(st_v(st), &vmap, c0, t0, hv, int(sr.b), &full[st]);
   };
   auto prefetch_l2 = [&](int cf) {
     const char* rf = ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes;
     constexpr int lines = int(R::bytes / 128);
     for (int l = slice + nslices * lane; l < lines; l += nslices * 32)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(rf + l * 128));
+    if constexpr (kSplitIn) {
+      const char* img = kq_image(cf);
+      for (int l = slice + nslices * lane; l < int(2 * kTile / 128); l += nslices * 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(img + l * 128));
+      return;
+    }
     const int64_t tf = sr.t0 + int64_t(cf) * C;
     const int rows = int(sr.len - int64_t(cf) * C < C ? sr.len - int64_t(cf) * C : C);
     constexpr int lpr = (KD * 2 + 127) / 128;  // lines per row
@@ -624,28 +749,36 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
                                                     (rem % lpr) * 128));
     }
   };
-  // fp16: one raw tile (panels of 64 rows x 128 B) as bf16 hi in place + lo at lo_dst, exact
-  // (split by the `threads` threads numbered t). Ends with the proxy fence: the tiles are wgmma
-  // operands.
-  auto split_tile = [&](E* tile, char* lo_dst, int t, int threads) {
-    auto* raw = reinterpret_cast<uint4*>(tile);
-#pragma unroll 4
-    for (int i = t; i < int(kTile / 16); i += threads) {
-      const uint4 x = raw[i];
-      uint4 hi, lo;
-      split_f16x2(x.x, hi.x, lo.x);
-      split_f16x2(x.y, hi.y, lo.y);
-      split_f16x2(x.z, hi.z, lo.z);
-      split_f16x2(x.w, hi.w, lo.w);
-      raw[i] = hi;
-      reinterpret_cast<uint4*>(lo_dst)[i] = lo;
-    }
-    fence_proxy_async_shared();
-  };
   if (warp == kWyProducer) {
     for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
     if (nch > 0 && lane == 0) issue(0, 0);
   }
+
+  // V without room in the stages (!kVSmem): each recurrence warp's step-A elements (rows 16 (w %
+  // 4) + g (+8), columns of half w / 4), loaded from global memory one chunk ahead into
+  // registers, so that the load's latency hides behind a whole chunk. Rows past the chunk's end
+  // read as zero.
+  E2 vreg[NH][2];
+  // This thread's first element: row 16 (w % 4) + g of chunk 0, column n0 + 2 t4 of the slice;
+  // rows + 8 and the next tile's columns are fixed offsets from it.
+  const E* vrow = static_cast<const E*>(p.v) + sr.b * p.vs[0] + int64_t(hv) * p.vs[2] + c0 +
+                  (sr.t0 + (warp & 3) * 16 + g) * p.vs[1] + (warp >> 2) * (VS / 2) + 2 * t4;
+  auto load_v = [&](int ch) {
+    const int Lc = int(sr.len - int64_t(ch) * C < C ? sr.len - int64_t(ch) * C : C);
+    const E* r = vrow + int64_t(ch) * C * p.vs[1];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+      for (int nt = 0; nt < NH; ++nt) {
+        if ((warp & 3) * 16 + g + hr * 8 < Lc) {
+          vreg[nt][hr] = *reinterpret_cast<const E2*>(r + hr * 8 * p.vs[1] + nt * 8);
+        } else {
+          vreg[nt][hr].x = Dtype<E>::from_float(0.f);
+          vreg[nt][hr].y = Dtype<E>::from_float(0.f);
+        }
+      }
+  };
+  if (!kVSmem && warp < kWyRecWarps && nch > 0) load_v(0);
 
 #ifdef KLA_WY_PROFILE
   const bool prof_on = blockIdx.x == 0 && (tid == 0 || tid == kRecThreads);
@@ -660,12 +793,12 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     mbar_wait(&full[st], unsigned(ch >> 1) & 1u);
     KLA_WY_MARK(0);
     // A last chunk: key rows past the sequence end may hold the next sequence's tokens; zero
-    // them (the recurrence warps, their only readers). Query rows there only reach output rows
-    // that are not written.
-    if (L < C && warp < kWyRecWarps) {
+    // them (the recurrence warps, their only readers; the images have zeros there already).
+    // Query rows there only reach output rows that are not written.
+    if (!kSplitIn && L < C && warp < kWyRecWarps) {
       for (int idx = tid; idx < kPanels * (C - L) * 8; idx += kRecThreads) {
         const int pn = idx / ((C - L) * 8), rem = idx % ((C - L) * 8);
-        reinterpret_cast<uint4*>(st_k(st) + pn * (C * 64) + (L + rem / 8) * 64)[rem % 8] =
+        reinterpret_cast<uint4*>(st_kq(st) + pn * (C * 128) + (L + rem / 8) * 128)[rem % 8] =
             make_uint4(0, 0, 0, 0);
       }
       fence_proxy_async_shared();  // the tensor cores read the K tile (wgmma A operand)
@@ -673,37 +806,21 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     // Chunk ch's tiles visible to all; every read of stage st ^ 1 (chunk ch - 1, read-out
     // included) and of state buffer sb ^ 1 is done.
     __syncthreads();
-    if constexpr (kF16) {
-      // fp16: K (the recurrence warps, its only readers) and Q (the read-out warps) as bf16 hi
-      // (in place) + lo (klo), exact, once per chunk for every product that reads them; each
-      // group waits for its own tile at its own barrier (the producer pads racecheck's count).
-      if (warp < kWyRecWarps) {
-        split_tile(st_k(st), klo, tid, kRecThreads);
-        named_bar_sync(kWyBarRec, kRecThreads);
-      } else if (warp < kWyProducer) {
-        split_tile(st_k(st) + kTile / 2, klo + kTile, tid - kRecThreads, kWyReadWarps * 32);
-        named_bar_sync(kWyBarPadRead, kWyReadWarps * 32);
-      } else {
-        named_bar_sync(kWyBarPadProducer, 32);
-      }
-    }
     KLA_WY_MARK(1);
     const char* rec = st_rec(st);
     const float* sc = reinterpret_cast<const float*>(rec + R::sc);
-    const E* Ks = st_k(st);
-    // The K and Q tiles as wgmma operands (bf16: raw; fp16: hi parts, lo parts klo_k further).
-    const char* Kb = reinterpret_cast<const char*>(Ks);
+    // The K and Q tiles as wgmma operands (bf16: raw; fp16 / fp32: images, hi panels kAPanel
+    // apart, each lo panel kALo after its hi panel).
+    const char* Kb = st_kq(st);
     const char* Qb = Kb + kTile;
-    const int klo_k = int(klo - Kb), klo_q = int(klo + kTile - Qb);
 
     if (warp < kWyRecWarps) {
       // Step A. R = diag(cu) V - diag(cw) K S for row block w % 4, columns of half w / 4.
       {
         const int mi = warp & 3, n0 = (warp >> 2) * (VS / 2);
         float d[NH][4];
-        wg_times_split<KD / 16, VS, NH, false, kF16>(
-            Kb, klo_k, 0, s_split(sb) + (warp >> 2) * VS * 128, 2 * VS * 128, d);
-        const E* Vs = st_v(st);
+        wg_times_split<KD / 16, VS, NH, false, kSplitIn, kAPanel>(
+            Kb, kALo, 0, s_split(sb) + (warp >> 2) * VS * 128, 2 * VS * 128, d);
         // R's 16 x 8 tiles split by one stmatrix each (hi rows mi*16.., +8.., then lo; lane l
         // addresses row l % 8 of matrix l / 8).
         const int m = lane >> 3, srow_r = mi * 16 + (m & 1) * 8 + (lane & 7);
@@ -714,13 +831,15 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
             const int i = mi * 16 + g + hr * 8, cc = n0 + nt * 8 + 2 * t4;
-            const E2 v = *reinterpret_cast<const E2*>(Vs + i * VS + cc);
+            const E2 v =
+                kVSmem ? *reinterpret_cast<const E2*>(st_v(st) + i * VS + cc) : vreg[nt][hr];
             const float cu = sc[kWyColU + i], cw = sc[kWyColW + i];
             split_bf16x2(fmaf(cu, Dtype<E>::to_float(v.x), -cw * d[nt][2 * hr]),
                          fmaf(cu, Dtype<E>::to_float(v.y), -cw * d[nt][2 * hr + 1]), h[hr], l[hr]);
           }
           stsm4(rdst + nt * 8, h[0], h[1], l[0], l[1]);
         }
+        if (!kVSmem && ch + 1 < nch) load_v(ch + 1);  // consumed at the next chunk's step A
       }
       KLA_WY_MARK(2);
       named_bar_arrive(kWyBarR, kRThreads);    // R ready for the read-out warps
@@ -747,8 +866,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       // their block), split into the other buffer.
       {
         float d[SNJ][4];
-        wg_times_split<C / 16, 2 * VS / SCS, NH, true, kF16>(  // K^T X: the K tile transposed
-            Kb, klo_k, SCS == 2 ? 0 : (warp >> 2) * 64, Xs + 2 * scol * 128, 0, d);
+        wg_times_split<C / 16, 2 * VS / SCS, NH, true, kSplitIn, kAPanel>(  // K^T X: K^T
+            Kb, kALo, SCS == 2 ? 0 : (warp >> 2) * 64, Xs + 2 * scol * 128, 0, d);
         if (state_warp) {
           const float gend = sc[kWyGend];
 #pragma unroll
@@ -765,8 +884,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       float o0[NJ][4];
       {
         float d[NJ][4];
-        wg_times_split<KD / 16, 2 * VS, NH, false, kF16>(Qb, klo_q, 0, s_split(sb), 2 * VS * 128,
-                                                         d);
+        wg_times_split<KD / 16, 2 * VS, NH, false, kSplitIn, kAPanel>(Qb, kALo, 0, s_split(sb),
+                                                                      2 * VS * 128, d);
 #pragma unroll
         for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
@@ -833,8 +952,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 /// Tensor map of a raw [B, T, heads, cols] tensor (element strides st) whose box is box_cols
 /// columns of one 64-token tile of one head: dims (element, token, head, batch), box (box_cols,
-/// 64, 1, 1); elements past the tensor's end arrive as zeros. K / Q: 64-column (128-byte) boxes,
-/// 128-byte swizzled; V: the scan's value slice, unswizzled. False when the driver refuses it.
+/// 64, 1, 1); elements past the tensor's end arrive as zeros. K / Q (bf16): 64-column boxes,
+/// 128-byte swizzled; V (when its slice goes through shared memory, wy_v_in_smem): the scan's
+/// value slice, unswizzled. False when the driver refuses it.
 template <class E>
 bool make_tile_map(CUtensorMap& m, const void* base, const int64_t (&st)[3], const KernelParams& p,
                    int cols, int heads, int box_cols, bool swizzle) {
@@ -842,12 +962,14 @@ bool make_tile_map(CUtensorMap& m, const void* base, const int64_t (&st)[3], con
   if (!encode) return false;
   const int64_t B = p.cu_seqlens ? 1 : p.N;
   const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(p.T), cuuint64_t(heads), cuuint64_t(B)};
-  const cuuint64_t strides[3] = {cuuint64_t(st[1]) * 2, cuuint64_t(st[2]) * 2,
-                                 cuuint64_t(st[0]) * 2};
+  constexpr cuuint64_t es = sizeof(E);
+  const cuuint64_t strides[3] = {cuuint64_t(st[1]) * es, cuuint64_t(st[2]) * es,
+                                 cuuint64_t(st[0]) * es};
   const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(kFC), 1, 1};
   const cuuint32_t elem[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType dt = std::is_same_v<E, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType dt = std::is_same_v<E, float>    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                 : std::is_same_v<E, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   return encode(&m, dt, 4, const_cast<void*>(base), dims, strides, box, elem,
                 CU_TENSOR_MAP_INTERLEAVE_NONE,
                 swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
@@ -859,8 +981,9 @@ template <class E, int KD, int VS>
 cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const char* ws,
                            const CUtensorMap& kmap, const CUtensorMap& qmap) {
   constexpr int64_t bytes = wy_scan_smem_bytes<E, KD, VS>();
-  CUtensorMap vmap;
-  if (!make_tile_map<E>(vmap, p.v, p.vs, p, p.V, p.HV, VS, false)) return cudaErrorInvalidValue;
+  CUtensorMap vmap{};
+  if (wy_v_in_smem<E, KD, VS>() && !make_tile_map<E>(vmap, p.v, p.vs, p, p.V, p.HV, VS, false))
+    return cudaErrorInvalidValue;
   const auto kern = chunk_wy_scan_kernel<E, KD, VS>;
   const cudaError_t e =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
@@ -873,13 +996,16 @@ cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const cha
 template <class E, int KD>
 cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int sms,
                                int64_t max_smem, int force_vs, bool& ran) {
-  constexpr int64_t prep_bytes = wy_prep_smem_bytes<KD>();
+  constexpr int64_t prep_bytes = wy_prep_smem_bytes<E, KD>();
   if (prep_bytes > max_smem || wy_scan_smem_bytes<E, KD, 16>() > max_smem) return cudaSuccess;
-  // Every tensor map is made before anything is launched: a layout the driver refuses (V's too,
-  // probed with the 16-column box; the 32-column one has the same strides) leaves the TF32 path.
-  CUtensorMap kmap, qmap, vprobe;
-  if (!make_tile_map<E>(kmap, p.k, p.ks, p, KD, p.H, 64, true) ||
-      !make_tile_map<E>(qmap, p.q, p.qs, p, KD, p.H, 64, true) ||
+  // bf16: the K / Q tensor maps are made before anything is launched (a layout the driver
+  // refuses leaves the TF32 path); fp16 / fp32 read K and Q through the prep's images.
+  constexpr bool kImages = !std::is_same_v<E, __nv_bfloat16>;
+  // V's map is probed with the 16-column box (the 32-column one has the same strides).
+  CUtensorMap kmap{}, qmap{}, vprobe;
+  if (kImages && !p.ws_images) return cudaSuccess;
+  if ((!kImages && (!make_tile_map<E>(kmap, p.k, p.ks, p, KD, p.H, 64, true) ||
+                    !make_tile_map<E>(qmap, p.q, p.qs, p, KD, p.H, 64, true))) ||
       !make_tile_map<E>(vprobe, p.v, p.vs, p, p.V, p.HV, 16, false))
     return cudaSuccess;
   // Value slice: 32 columns halve the per-column traffic of the scan (every slice reads the
@@ -901,31 +1027,27 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
               : launch_scan_wy<E, KD, 16>(p, stream, ws, kmap, qmap);
 }
 
-/// Runs the WY path when it applies: bf16 / fp16, sm_90, workspace given, K in {64, 96, 128},
+/// Runs the WY path when it applies: sm_90, workspace given, K in {64, 96, 128},
 /// V a multiple of 16, shared memory fits, the driver encodes the K / Q / V tensor maps. `ran`
 /// says whether it did. force_vs (16 or 32; 0 = choose) pins the scan's value slice, for tests.
 template <class E>
 cudaError_t launch_chunk_wy(const KernelParams& p, cudaStream_t stream, int cc_major, int sms,
                             int64_t max_smem, int force_vs, bool& ran) {
   ran = false;
-  if constexpr (std::is_same_v<E, float>) {
-    return cudaSuccess;
-  } else {
 #ifndef KLA_HAVE_SM90A
-    (void)p, (void)stream, (void)cc_major, (void)sms, (void)max_smem, (void)force_vs;
-    return cudaSuccess;  // the scan's wgmma needs an sm_90a image (cuda/CMakeLists.txt)
+  (void)p, (void)stream, (void)cc_major, (void)sms, (void)max_smem, (void)force_vs;
+  return cudaSuccess;  // the scan's wgmma needs an sm_90a image (cuda/CMakeLists.txt)
 #else
-    // sm_90a code runs on compute capability 9.0 only.
-    if (cc_major != 9 || !p.ws || p.max_chunks <= 0 || p.N > 65535 || p.HV > 65535 || p.V % 16 != 0)
-      return cudaSuccess;
-    switch (p.K) {
-      case 64: return launch_chunk_wy_kd<E, 64>(p, stream, sms, max_smem, force_vs, ran);
-      case 96: return launch_chunk_wy_kd<E, 96>(p, stream, sms, max_smem, force_vs, ran);
-      case 128: return launch_chunk_wy_kd<E, 128>(p, stream, sms, max_smem, force_vs, ran);
-      default: return cudaSuccess;
-    }
-#endif
+  // sm_90a code runs on compute capability 9.0 only.
+  if (cc_major != 9 || !p.ws || p.max_chunks <= 0 || p.N > 65535 || p.HV > 65535 || p.V % 16 != 0)
+    return cudaSuccess;
+  switch (p.K) {
+    case 64: return launch_chunk_wy_kd<E, 64>(p, stream, sms, max_smem, force_vs, ran);
+    case 96: return launch_chunk_wy_kd<E, 96>(p, stream, sms, max_smem, force_vs, ran);
+    case 128: return launch_chunk_wy_kd<E, 128>(p, stream, sms, max_smem, force_vs, ran);
+    default: return cudaSuccess;
   }
+#endif
 }
 
 }  // namespace kla::kernels

@@ -39,5 +39,7 @@ extern template cudaError_t launch_chunk_wy<__nv_bfloat16>(const KernelParams&, 
                                                            int, int64_t, int, bool&);
 extern template cudaError_t launch_chunk_wy<__half>(const KernelParams&, cudaStream_t, int, int,
                                                     int64_t, int, bool&);
+extern template cudaError_t launch_chunk_wy<float>(const KernelParams&, cudaStream_t, int, int,
+                                                   int64_t, int, bool&);
 
 }  // namespace kla::kernels

@@ -40,6 +40,9 @@ struct KernelParams {
   // the largest number of 64-token chunks of one sequence.
   float* ws;
   int64_t ws_record_floats;  // floats per (chunk slot, value head) record (workspace.hpp)
+  // The WY path's K / Q images (fp16 / fp32 storage, workspace.hpp): after the records; null
+  // where the workspace keeps none.
+  char* ws_images;
   int max_chunks;
 };
 

@@ -299,22 +299,29 @@ kla_status kla_validate(const kla_params* p) {
 }
 
 size_t kla_workspace_size(const kla_params* p) {
-  // Depends on sizes only (batch / num_seqs, seq_len, num_v_heads, head dims); 0 where they are
-  // unusable.
+  // Depends on sizes (batch / num_seqs, seq_len, num_heads, num_v_heads, head dims) and the
+  // dtype; 0 where they are unusable.
   if (!p || p->seq_len <= 0 || p->num_v_heads <= 0 || p->seq_len > INT32_MAX) return 0;
-  // Head dims not set (<= 0): the size for the largest supported ones (256), so a buffer sized
-  // before the head dims are known (or by callers of ABI 2's first release, when the size did
-  // not depend on them) serves every call with these sizes.
+  // Head dims not set (<= 0): the size for the largest supported ones (256) plus the largest K
+  // / Q images (K = 128, any dtype), so a buffer sized before the head dims are known serves
+  // every call with these sizes. num_heads not set: num_v_heads (at least as many).
+  const bool dims_set = p->head_dim_k > 0 && p->head_dim_v > 0;
   const int64_t K = p->head_dim_k > 0 ? p->head_dim_k : 256,
                 V = p->head_dim_v > 0 ? p->head_dim_v : 256;
   if (K > 4096 || V > 4096) return 0;
   const bool packed = p->cu_seqlens != nullptr || p->cu_seqlens_host != nullptr;
   const int64_t N = packed ? p->num_seqs : p->batch;
-  if (N <= 0 || N > INT32_MAX || p->num_v_heads > INT32_MAX) return 0;
+  const int64_t H = p->num_heads > 0 ? p->num_heads : p->num_v_heads;
+  if (N <= 0 || N > INT32_MAX || p->num_v_heads > INT32_MAX || H > p->num_v_heads) return 0;
   const int64_t slots = kla::detail::fast_chunk_slots(N, p->seq_len, packed);
   const int64_t record = kla::detail::ws_record_bytes(K, V);
-  if (double(slots) * double(p->num_v_heads) * double(record) > 9.0e18) return 0;
-  return static_cast<size_t>(slots * p->num_v_heads * record);
+  const int64_t image =
+      dims_set ? kla::detail::wy_image_bytes(K, kla::detail::enum_bits(p->dtype) == KLA_DTYPE_BF16)
+               : kla::detail::wy_image_bytes(128, false);
+  const double total =
+      double(slots) * (double(p->num_v_heads) * double(record) + 2.0 * double(H) * double(image));
+  if (total > 9.0e18) return 0;
+  return static_cast<size_t>(slots * (p->num_v_heads * record + 2 * H * image));
 }
 
 const char* kla_status_string(kla_status status) {

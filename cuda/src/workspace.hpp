@@ -6,12 +6,16 @@
 //   T [64][64]  (I + B(A^- o K^K^T))^-1, fp32, zero above the diagonal
 //   P [64][64]  read-out matrix qscale_i * (A o Q K^T)_ij * kscale_j, fp32
 //   5 x 64 per-token scalars (see chunk_fast.cuh)
-// WY path (chunk_wy.cuh: bf16 / fp16 storage, K in {64, 96, 128}, V % 16 == 0, sm_90):
+// WY path (chunk_wy.cuh: bf16 / fp16 / fp32 storage, K in {64, 96, 128}, V % 16 == 0, sm_90):
 //   T_hi, T_lo, PT_hi, PT_lo: the 10 lower 16 x 16 blocks of T and of P T (bf16 split hi + lo),
 //                block (mi, kb <= mi) at index mi(mi+1)/2 + kb, 512 B each in ldmatrix order
 //                (chunk_wy.cuh, wy_packed_offset); the blocks above the diagonal are zero and
 //                not stored
 //   512 floats   per-token scalars
+//   fp16 / fp32 storage also keeps, after all records, each chunk's K and Q tiles split into bf16
+//   hi + lo (written by the prep, read by every value slice of the scan): per (chunk slot, key
+//   head) a K image then a Q image, each [ceil(K/64) 64-column panels][hi 64 x 128 B | lo 64 x
+//   128 B], the shared-memory image of the scan's wgmma A tiles (128-byte swizzle).
 // Chunk slots: fixed lengths: n * ceil(T/64) + c; packed (cu_seqlens): cu[n]/64 + n + c, which
 // never collide and stay below T/64 + N.
 #pragma once
@@ -30,6 +34,13 @@ constexpr int64_t ws_record_bytes(int64_t K, int64_t V) {
   (void)K, (void)V;  // both layouts are fixed today; the head dims stay in the signature
   const int64_t tf32 = kWsFloatsPerChunk * 4, wy = kWyRecordBytes;
   return tf32 > wy ? tf32 : wy;
+}
+
+/// Bytes of one K or Q image (the WY path's split tiles, fp16 / fp32 storage), 0 where the WY
+/// path keeps none: bf16 (its raw tiles are exact wgmma operands) or K off its list.
+constexpr int64_t wy_image_bytes(int64_t K, bool two_byte_bf16) {
+  if (two_byte_bf16 || (K != 64 && K != 96 && K != 128)) return 0;
+  return 2 * ((K + 63) / 64) * kFastChunk * 128;
 }
 
 inline int64_t fast_chunk_slots(int64_t N, int64_t T, bool packed) {

@@ -61,6 +61,12 @@ TEST(CudaKernels, FixedShapesAgainstMpfr) {
   cfgs.push_back(big);
   big.K = 16, big.V = 16, big.T = 150, big.seed = 6, big.dtype = KLA_DTYPE_FP16;
   cfgs.push_back(big);
+  // fp32 at K = 128 (on sm_90a the WY path, its K / Q tiles split in place over two 64-column
+  // rounds): keys spread over six decades, eps = 0, a partial last chunk, grouped value heads.
+  Config f = big;
+  f.dtype = KLA_DTYPE_FP32, f.K = 128, f.V = 48, f.T = 150, f.H = 1, f.HV = 2, f.seed = 7;
+  f.eps = 0.0f, f.knorm_lo = 1e-4, f.knorm_hi = 1e2;
+  cfgs.push_back(f);
   for (const Config& c : cfgs)
     for (Entry e : {Entry::chunk, Entry::tokenwise}) expect_matches_reference(c, e);
 }

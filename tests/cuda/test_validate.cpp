@@ -347,13 +347,30 @@ TEST(Validate, Workspace) {
   g.p.batch = 1, g.p.seq_len = 200, g.p.num_seqs = 2;
   g.p.cu_seqlens = cu, g.p.cu_seqlens_host = cu;
   EXPECT_EQ(kla_workspace_size(&g.p), std::size_t(200 / 64 + 2) * HV * per_chunk);
-  // Head dims not set: the size for the largest supported ones (256 x 256), never less than
-  // what any head dims need, so a buffer sized early serves every call (today's records do not
-  // depend on the head dims, so it is the same size).
+  // fp16 / fp32 with K in {64, 96, 128} (the WY path's list) add, per chunk and key head, the
+  // K and Q tiles split into bf16 hi + lo: ceil(K / 64) panels of 64 rows x 128 B, each as a hi
+  // and a lo panel. bf16 needs none (its raw tiles are exact operands), nor do other K.
+  auto image = [](std::size_t k) { return (k + 63) / 64 * 2 * 64 * 128; };
+  for (kla_dtype dt : {KLA_DTYPE_FP32, KLA_DTYPE_FP16, KLA_DTYPE_BF16})
+    for (int kd : {32, 64, 96, 128, 256}) {
+      Fixture w;
+      w.p.dtype = dt, w.p.head_dim_k = kd;
+      const bool images = dt != KLA_DTYPE_BF16 && (kd == 64 || kd == 96 || kd == 128);
+      EXPECT_EQ(kla_workspace_size(&w.p),
+                std::size_t(B) * (HV * per_chunk + (images ? 2 * H * image(kd) : 0)))
+          << "dtype " << int(dt) << " K " << kd;
+    }
+  // Head dims not set: the size for the largest supported ones (256 x 256) plus the largest
+  // images (K = 128) whatever the dtype, never less than what any head dims need, so a buffer
+  // sized early serves every call.
   Fixture u;
   u.p.head_dim_k = 0, u.p.head_dim_v = 0;
-  EXPECT_EQ(kla_workspace_size(&u.p), std::size_t(B) * HV * per_chunk);
+  EXPECT_EQ(kla_workspace_size(&u.p), std::size_t(B) * (HV * per_chunk + 2 * H * image(128)));
   EXPECT_GE(kla_workspace_size(&u.p), need);
+  // num_heads not set: num_v_heads stands in for it (at least as many key heads as needed).
+  Fixture h;
+  h.p.head_dim_k = 128, h.p.num_heads = 0;
+  EXPECT_EQ(kla_workspace_size(&h.p), std::size_t(B) * (HV * per_chunk + 2 * HV * image(128)));
 }
 
 TEST(Validate, CppWrapper) {
