@@ -218,12 +218,13 @@ class Runner:
         return self.torch.cuda.current_stream().cuda_stream
 
     # ---- inputs -----------------------------------------------------------------------------
-    def workspace(self, B, T, H, K, V):
-        """kla_chunk_forward's device workspace for these sizes (one for all sets: the calls run
-        one after another on one stream); None where the library wants none."""
+    def workspace(self, B, T, H, K, V, dtype):
+        """kla_chunk_forward's device workspace for these sizes and dtype (one for all sets: the
+        calls run one after another on one stream; its size depends on the dtype too)."""
         p = self.lib.params()
         p.batch, p.seq_len, p.num_heads, p.num_v_heads = B, T, H, H
         p.head_dim_k, p.head_dim_v = K, V
+        p.dtype = self.kc.torch_dtype_code(dtype)
         n = self.lib.workspace_size(p)
         if not n:  # the fast paths need it: without one the timings would be the generic kernel's
             raise RuntimeError(f"kla_workspace_size = 0 for B={B} T={T} H={H} K={K} V={V}")
@@ -300,7 +301,7 @@ class Runner:
     def accuracy(self, dname):
         torch = self.torch
         B, T, H, K, V = 1, 2048, 16, 128, 128
-        ws = self.workspace(B, T, H, K, V)
+        ws = self.workspace(B, T, H, K, V, self.dtypes[dname])
         s = self.make_set(B, T, H, K, V, self.dtypes[dname], ws=ws)
         ref = self.reference(s)
         r = {"dtype": dname, "shape": f"{B}x{T}x{H} K{K} V{V}"}
@@ -336,7 +337,7 @@ class Runner:
     def prefill(self, dname, B, T, H, K, V, sweep=False):
         torch = self.torch
         dtype = self.dtypes[dname]
-        ws = self.workspace(B, T, H, K, V)
+        ws = self.workspace(B, T, H, K, V, dtype)
         first = self.make_set(B, T, H, K, V, dtype, ws=ws)
         sets = [first] + [self.make_set(B, T, H, K, V, dtype, ws=ws)
                           for _ in range(self.n_sets(self.set_bytes(first), cap=32) - 1)]
