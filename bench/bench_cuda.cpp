@@ -1,8 +1,9 @@
 // CUDA kernel benchmarks (issue 6; docs/performance.md), Google Benchmark over the C ABI.
 //
 //   prefill  kla_chunk_forward at B x T x H in {1x32768x16, 4x8192x16, 1x131072x8, 8x4096x16},
-//            K = V = 128, and the paper's model shape 1x32768x12 with K = 96, V = 192; in bf16
-//            also 1x32768x16 without a workspace ("no_workspace": the generic kernel)
+//            K = V = 128, and the paper's model shape 1x32768x12 with K = 96, V = 192; in fp32
+//            also with kla_params.fp32_math = FAST ("fp32_fast"); in bf16 also 1x32768x16
+//            without a workspace ("no_workspace": the generic kernel)
 //   decode   kla_tokenwise_forward, one token, B in {1, 8, 64, 256}, H = 16, K = V = 128, fp32
 //            state updated in place; back-to-back launches ("launch") and replays of a captured
 //            CUDA graph ("graph")
@@ -140,7 +141,8 @@ Pools* g_pools = nullptr;
 struct Case {
   bool decode;
   Shape shape;
-  bool workspace = true;  // prefill: pass the fast path's workspace; false: the generic kernel
+  bool workspace = true;   // prefill: pass the fast path's workspace; false: the generic kernel
+  bool fp32_fast = false;  // fp32 prefill with kla_params.fp32_math = FAST
 
   double head_tokens() const { return double(shape.gate_elems()); }
   /// The fewest bytes a call must move (see the file comment).
@@ -157,8 +159,9 @@ struct Case {
       std::snprintf(n, sizeof n, "decode/%s/B%dxH%d/K%dV%d/%s", dtype_name(s.dtype), s.B, s.H, s.K,
                     s.V, variant);
     else
-      std::snprintf(n, sizeof n, "prefill/%s/%dx%dx%d/K%dV%d%s", dtype_name(s.dtype), s.B, s.T, s.H,
-                    s.K, s.V, workspace ? "" : "/no_workspace");
+      std::snprintf(n, sizeof n, "prefill/%s%s/%dx%dx%d/K%dV%d%s", dtype_name(s.dtype),
+                    fp32_fast ? "_fast" : "", s.B, s.T, s.H, s.K, s.V,
+                    workspace ? "" : "/no_workspace");
     return n;
   }
 };
@@ -193,6 +196,7 @@ class Rotation {
       p.g = static_cast<const float*>(alloc(ng * 4, Fill::log_decay, seed + 5));
       p.eta = static_cast<const float*>(alloc(ng * 4, Fill::eta, seed + 6));
       p.eps = 1e-6f;
+      p.fp32_math = c.fp32_fast ? KLA_FP32_MATH_FAST : KLA_FP32_MATH_ACCURATE;
       if (c.decode) {
         float* s = static_cast<float*>(alloc(ns * 4, Fill::state, seed + 7));
         p.initial_state = s;
@@ -485,6 +489,12 @@ std::vector<Case> all_cases() {
           Shape{dt, 1, 131072, 8, 8, 128, 128}, Shape{dt, 8, 4096, 16, 16, 128, 128},
           Shape{dt, 1, 32768, 12, 12, 96, 192}})
       cases.push_back({false, s});
+  for (const Shape& s : {Shape{KLA_DTYPE_FP32, 1, 32768, 16, 16, 128, 128},
+                         Shape{KLA_DTYPE_FP32, 4, 8192, 16, 16, 128, 128},
+                         Shape{KLA_DTYPE_FP32, 1, 131072, 8, 8, 128, 128},
+                         Shape{KLA_DTYPE_FP32, 8, 4096, 16, 16, 128, 128},
+                         Shape{KLA_DTYPE_FP32, 1, 32768, 12, 12, 96, 192}})
+    cases.push_back({false, s, true, true});
   for (kla_dtype dt : dts)
     for (int B : {1, 8, 64, 256}) cases.push_back({true, {dt, B, 1, 16, 16, 128, 128}});
   cases.push_back({false, {KLA_DTYPE_BF16, 1, 32768, 16, 16, 128, 128}, false});
@@ -581,8 +591,8 @@ std::string summary_markdown(const MedianCollector& results, const std::vector<C
     out += "| " + std::to_string(s.B) + "x" + std::to_string(s.T) + "x" + std::to_string(s.H) +
            " K=" + std::to_string(s.K) + " V=" + std::to_string(s.V) +
            (c.workspace ? "" : " (no workspace: generic kernel)") + " | " + dtype_name(s.dtype) +
-           " | " + cell(us, why, "%.3f", 1e-3) + " | " + format("%.3f", 1e-3 * floor_us) + " | " +
-           fraction(floor_us, us) + " |\n";
+           (c.fp32_fast ? " fast" : "") + " | " + cell(us, why, "%.3f", 1e-3) + " | " +
+           format("%.3f", 1e-3 * floor_us) + " | " + fraction(floor_us, us) + " |\n";
   }
   return out;
 }

@@ -1,4 +1,4 @@
-"""Thin ctypes binding of the KLA C ABI (cuda/include/kla/kla.h, KLA_ABI_VERSION 2).
+"""Thin ctypes binding of the KLA C ABI (cuda/include/kla/kla.h, KLA_ABI_VERSION 3).
 
 Nothing here compiles against torch: tensors are passed as raw device pointers and element
 strides, the stream as the integer handle of torch.cuda.current_stream().cuda_stream.
@@ -24,6 +24,7 @@ ABI_VERSION = 2
 DTYPE_FP32, DTYPE_BF16, DTYPE_FP16 = 0, 1, 2
 COEFF_KACZMARZ, COEFF_GIVEN = 0, 1
 READOUT_SCALE, READOUT_Q_L2NORM = 0, 1
+FP32_MATH_ACCURATE, FP32_MATH_FAST = 0, 1
 SUCCESS = 0
 
 
@@ -64,11 +65,12 @@ class KlaParams(ctypes.Structure):
         ("num_seqs", c_int64),
         ("workspace", c_void_p),
         ("workspace_size", c_size_t),
+        ("fp32_math", c_int),
     ]
 
 
 # offsetof(kla_params, f) and sizeof(kla_params) from kla.h (gcc, x86-64).
-EXPECTED_SIZE = 344
+EXPECTED_SIZE = 352
 EXPECTED_OFFSETS = {
     "dtype": 0, "batch": 8, "seq_len": 16, "num_heads": 24, "num_v_heads": 32, "head_dim_k": 40,
     "head_dim_v": 48, "q": 56, "q_strides": 64, "k": 88, "k_strides": 96, "v": 120,
@@ -77,6 +79,7 @@ EXPECTED_OFFSETS = {
     "readout": 248, "initial_state": 256, "final_state": 264, "state_pool": 272,
     "pool_size": 280, "state_indices": 288, "state_indices_host": 296, "cu_seqlens": 304,
     "cu_seqlens_host": 312, "num_seqs": 320, "workspace": 328, "workspace_size": 336,
+    "fp32_math": 344,
 }
 
 assert ctypes.sizeof(KlaParams) == EXPECTED_SIZE, ctypes.sizeof(KlaParams)
@@ -126,7 +129,8 @@ class KlaLibrary:
         if bytes(buf[size - 8:size]) != bytes(8):  # last field: zeroed by the library's memset
             raise KlaError(-1, f"kla_params is smaller in {self.path} than in kla_ctypes.py")
         if not (p.eta_value == 1.0 and p.eps == 0.0 and p.scale == 0.0 and p.dtype == DTYPE_BF16
-                and p.coefficient == COEFF_KACZMARZ and p.readout == READOUT_SCALE and p.batch == 0):
+                and p.coefficient == COEFF_KACZMARZ and p.readout == READOUT_SCALE and p.batch == 0
+                and p.fp32_math == FP32_MATH_ACCURATE):
             raise KlaError(-1, "kla_params_init defaults are not where kla_ctypes.py expects them")
 
     def params(self):
@@ -158,11 +162,13 @@ def torch_dtype_code(dtype):
 
 
 def make_params(lib, q, k, v, o, g=None, eta=None, eps=0.0, scale=0.0, initial_state=None,
-                final_state=None, coefficient=COEFF_KACZMARZ, workspace=None):
+                final_state=None, coefficient=COEFF_KACZMARZ, workspace=None,
+                fp32_math=FP32_MATH_ACCURATE):
     """kla_params for torch tensors q, k [B,T,H,K], v, o [B,T,HV,V], g, eta [B,T,HV] fp32,
     states [B,HV,K,V] fp32 (contiguous), workspace a uint8 device tensor of at least
     lib.workspace_size(p) bytes (kla_chunk_forward's fast path; None = the slow workspace-free
-    kernel). Keeps no reference to the tensors: the caller must."""
+    kernel), fp32_math the fp32 chunkwise arithmetic (kla.h). Keeps no reference to the tensors:
+    the caller must."""
     p = lib.params()
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -180,6 +186,7 @@ def make_params(lib, q, k, v, o, g=None, eta=None, eps=0.0, scale=0.0, initial_s
     p.eps = float(eps)
     p.scale = float(scale)
     p.coefficient = coefficient
+    p.fp32_math = fp32_math
     if initial_state is not None:
         assert initial_state.is_contiguous()
         p.initial_state = initial_state.data_ptr()

@@ -80,7 +80,9 @@ class Runner:
         self.budget = args.budget
         self.lib = kc.KlaLibrary(args.lib)
         self.dev = torch.device("cuda")
-        self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        # "fp32 fast": fp32 storage with kla_params.fp32_math = FAST (ours only; FLA runs fp32).
+        self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                       "fp32 fast": torch.float32}
         prop = torch.cuda.get_device_properties(0)
         self.l2 = int(getattr(prop, "L2_cache_size", 50 << 20))
         self.beta_dtype_note = None
@@ -218,19 +220,23 @@ class Runner:
         return self.torch.cuda.current_stream().cuda_stream
 
     # ---- inputs -----------------------------------------------------------------------------
-    def workspace(self, B, T, H, K, V, dtype):
+    def fp32_math(self, dname):
+        return self.kc.FP32_MATH_FAST if dname == "fp32 fast" else self.kc.FP32_MATH_ACCURATE
+
+    def workspace(self, B, T, H, K, V, dname):
         """kla_chunk_forward's device workspace for these sizes and dtype (one for all sets: the
         calls run one after another on one stream; its size depends on the dtype too)."""
         p = self.lib.params()
         p.batch, p.seq_len, p.num_heads, p.num_v_heads = B, T, H, H
         p.head_dim_k, p.head_dim_v = K, V
-        p.dtype = self.kc.torch_dtype_code(dtype)
+        p.dtype = self.kc.torch_dtype_code(self.dtypes[dname])
+        p.fp32_math = self.fp32_math(dname)
         n = self.lib.workspace_size(p)
         if not n:  # the fast paths need it: without one the timings would be the generic kernel's
             raise RuntimeError(f"kla_workspace_size = 0 for B={B} T={T} H={H} K={K} V={V}")
         return self.torch.empty(n, dtype=self.torch.uint8, device=self.dev)
 
-    def make_set(self, B, T, H, K, V, dtype, decode=False, fla=True, ws=None):
+    def make_set(self, B, T, H, K, V, dtype, decode=False, fla=True, ws=None, fp32_math=0):
         """Random inputs (never zeros): q, k, v ~ N(0,1) in dtype; g uniform in [-0.2, -0.005]
         (natural-log decay), eta uniform in [0.3, 1) fp32; beta = eta/(|k|^2+eps) for FLA."""
         torch = self.torch
@@ -252,7 +258,7 @@ class Runner:
         s["p"] = self.kc.make_params(self.lib, s["q"], s["k"], s["v"], s["o"], s["g"], s["eta"],
                                      eps=EPS, scale=K ** -0.5,
                                      initial_state=s.get("S"), final_state=s.get("S"),
-                                     workspace=ws)
+                                     workspace=ws, fp32_math=fp32_math)
         return s
 
     def kla_beta(self, k, eta):
@@ -301,8 +307,8 @@ class Runner:
     def accuracy(self, dname):
         torch = self.torch
         B, T, H, K, V = 1, 2048, 16, 128, 128
-        ws = self.workspace(B, T, H, K, V, self.dtypes[dname])
-        s = self.make_set(B, T, H, K, V, self.dtypes[dname], ws=ws)
+        ws = self.workspace(B, T, H, K, V, dname)
+        s = self.make_set(B, T, H, K, V, self.dtypes[dname], ws=ws, fp32_math=self.fp32_math(dname))
         ref = self.reference(s)
         r = {"dtype": dname, "shape": f"{B}x{T}x{H} K{K} V{V}"}
         self.lib.chunk_forward(s["p"], self.stream())
@@ -337,9 +343,10 @@ class Runner:
     def prefill(self, dname, B, T, H, K, V, sweep=False):
         torch = self.torch
         dtype = self.dtypes[dname]
-        ws = self.workspace(B, T, H, K, V, dtype)
-        first = self.make_set(B, T, H, K, V, dtype, ws=ws)
-        sets = [first] + [self.make_set(B, T, H, K, V, dtype, ws=ws)
+        ws = self.workspace(B, T, H, K, V, dname)
+        m = self.fp32_math(dname)
+        first = self.make_set(B, T, H, K, V, dtype, ws=ws, fp32_math=m)
+        sets = [first] + [self.make_set(B, T, H, K, V, dtype, ws=ws, fp32_math=m)
                           for _ in range(self.n_sets(self.set_bytes(first), cap=32) - 1)]
         n = len(sets)
         es = torch.finfo(dtype).bits // 8
@@ -427,11 +434,11 @@ class Runner:
                                                                        sweep=True))
         for c in others:
             self.step(f"prefill bf16 {c}", lambda c=c: self.prefill("bf16", *c), need=30)
-        for d in ("fp16", "fp32"):
+        for d in ("fp16", "fp32", "fp32 fast"):
             self.step(f"accuracy {d}", lambda d=d: self.accuracy(d), need=30)
             for c in main16:
                 self.step(f"prefill {d} {c}", lambda d=d, c=c: self.prefill(d, *c), need=20)
-        for d in ("fp16", "fp32"):
+        for d in ("fp16", "fp32", "fp32 fast"):
             for c in others:
                 self.step(f"prefill {d} {c}", lambda d=d, c=c: self.prefill(d, *c), need=30)
         self.res["meta"]["elapsed_s"] = time.time() - self.t0

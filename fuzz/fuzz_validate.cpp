@@ -54,7 +54,8 @@ int g_invalid_line = 0;
 }
 
 // Enum fields are read and written as raw 32-bit integers: a C caller may store any int there.
-static_assert(sizeof(kla_dtype) == 4 && sizeof(kla_coefficient) == 4 && sizeof(kla_readout) == 4);
+static_assert(sizeof(kla_dtype) == 4 && sizeof(kla_coefficient) == 4 && sizeof(kla_readout) == 4 &&
+              sizeof(kla_fp32_math) == 4);
 template <class E>
 std::int32_t raw_enum(const E& e) {
   std::int32_t v;
@@ -158,7 +159,9 @@ constexpr Verdict kUnaddressable = Verdict::invalid;
 Verdict independent(const kla_params& p, const HostArrays& a) {
   bool addressable = true;
   const auto dt = raw_enum(p.dtype), co = raw_enum(p.coefficient), ro = raw_enum(p.readout);
-  if (dt < 0 || dt > 2 || co < 0 || co > 1 || ro < 0 || ro > 1) return KLA_INVALID();
+  const auto fm = raw_enum(p.fp32_math);
+  if (dt < 0 || dt > 2 || co < 0 || co > 1 || ro < 0 || ro > 1 || fm < 0 || fm > 1)
+    return KLA_INVALID();
   const std::int64_t B = p.batch, T = p.seq_len, H = p.num_heads, HV = p.num_v_heads;
   const std::int64_t K = p.head_dim_k, V = p.head_dim_v;
   if (B <= 0 || T <= 0 || H <= 0 || HV <= 0 || K <= 0 || V <= 0) return KLA_INVALID();
@@ -517,7 +520,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int i = 0; i < n; ++i) mutate(r, p, a);
   attach(p, a);
   // Last (so that inputs written before it existed decode as they did): the device workspace.
-  switch (r.u8() % 4) {
+  const unsigned ws_case = r.u8() % 4;
+  switch (ws_case) {
     case 2:  // valid: 16-byte aligned, at least kla_workspace_size(p) bytes
       p.workspace = garbage(0x10000);
       p.workspace_size = kla_workspace_size(&p) + 16u * r.u8();
@@ -530,6 +534,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     default: break;
   }
+  // Newer still (ABI 3): the fp32 arithmetic, any 32-bit value from time to time; a valid
+  // workspace stays valid (its need grows with FAST).
+  set_enum(p.fp32_math, r.flag() ? std::int32_t(pick_i64(r, 0)) : r.range(0, 2));
+  if (ws_case == 2) p.workspace_size = std::max(p.workspace_size, kla_workspace_size(&p));
   check(p, a, false);
   return 0;
 }

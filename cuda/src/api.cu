@@ -63,7 +63,8 @@ kla::kernels::KernelParams translate(const kla_params& p) {
   k.max_chunks = int((longest + kla::detail::kFastChunk - 1) / kla::detail::kFastChunk);
   // Where the records end (kla_workspace_size lays the images out after them).
   const bool packed = p.cu_seqlens != nullptr;
-  const int64_t image = kla::detail::wy_image_bytes(p.head_dim_k, p.dtype == KLA_DTYPE_BF16);
+  const int64_t image =
+      kla::detail::wy_image_bytes(p.head_dim_k, kla::detail::wy_needs_images(p.dtype, p.fp32_math));
   k.ws_images = p.workspace && image > 0
                     ? static_cast<char*>(p.workspace) +
                           kla::detail::fast_chunk_slots(k.N, k.T, packed) * k.HV *
@@ -104,8 +105,11 @@ kla_status launched(cudaError_t e, const char* what) {
   return fail(KLA_ERROR_CUDA, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// fp32_fast: kla_params.fp32_math == FAST; fp32 takes the WY path only then (its products keep
+// 16 bits of K / Q; the TF32 path keeps ~21).
 template <class E>
-cudaError_t run_chunk(const KernelParams& kp, cudaStream_t stream, const Device& dev, bool& ran) {
+cudaError_t run_chunk(const KernelParams& kp, cudaStream_t stream, const Device& dev,
+                      bool fp32_fast, bool& ran) {
   cudaError_t e = cudaSuccess;
   // KLA_CHUNK_PATH (diagnostics and tests, docs/api.md): "portable" skips the sm_90 WY path, so
   // the sm_80-level TF32 path can be tested and compared on a Hopper GPU; "wy16" / "wy32" pin the
@@ -116,7 +120,7 @@ cudaError_t run_chunk(const KernelParams& kp, cudaStream_t stream, const Device&
                        : std::strcmp(path, "wy16") == 0 ? 16
                        : std::strcmp(path, "wy32") == 0 ? 32
                                                         : 0;
-  if (!portable)
+  if (!portable && (!std::is_same_v<E, float> || fp32_fast))
     e = kla::kernels::launch_chunk_wy<E>(kp, stream, dev.cc_major, dev.sms, dev.max_smem, force_vs,
                                          ran);
   if (e == cudaSuccess && !ran)
@@ -137,12 +141,14 @@ kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream) {
   const KernelParams kp = translate(*p);
   cudaError_t e = cudaSuccess;
   // Paths in order of preference, each declining (ran = false) where it does not apply: the WY
-  // path (bf16 / fp16, sm_90), the TF32 path (any dtype, needs the workspace), the generic one.
+  // path (bf16 / fp16 and fp32 with fp32_math FAST, sm_90), the TF32 path (any dtype, needs the
+  // workspace), the generic one.
   bool ran = false;
+  const bool fast = p->fp32_math == KLA_FP32_MATH_FAST;
   switch (p->dtype) {
-    case KLA_DTYPE_FP32: e = run_chunk<float>(kp, stream, dev, ran); break;
-    case KLA_DTYPE_BF16: e = run_chunk<__nv_bfloat16>(kp, stream, dev, ran); break;
-    case KLA_DTYPE_FP16: e = run_chunk<__half>(kp, stream, dev, ran); break;
+    case KLA_DTYPE_FP32: e = run_chunk<float>(kp, stream, dev, fast, ran); break;
+    case KLA_DTYPE_BF16: e = run_chunk<__nv_bfloat16>(kp, stream, dev, fast, ran); break;
+    case KLA_DTYPE_FP16: e = run_chunk<__half>(kp, stream, dev, fast, ran); break;
   }
   return launched(e, "kla_chunk_forward launch");
 }

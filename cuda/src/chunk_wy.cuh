@@ -1,5 +1,6 @@
-// WY chunkwise path (prefill) for bf16 / fp16 / fp32 storage on sm_90a: bf16 tensor cores with
-// every fp32 intermediate split into hi + lo, the scan reduced to the state-dependent products.
+// WY chunkwise path (prefill) for bf16 / fp16 storage, and fp32 with kla_params.fp32_math FAST,
+// on sm_90a: bf16 tensor cores with every fp32 intermediate split into hi + lo, the scan reduced
+// to the state-dependent products.
 //
 // Same mathematics as chunk_fast.cuh (SPEC §1 chunk form in the normalised-key form, chunks of
 // C = 64), with the chunk system's inverse formed ahead of the scan (paper App. B, WY form):
@@ -144,7 +145,7 @@ template <class E, int KD>
 __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP, char* dst) {
   constexpr int kPanels = (KD + 63) / 64, kPieces = kFC * kPanels * 8, kPanel = kFC * 128;
   constexpr int64_t kImage = 2LL * kPanels * kPanel;
-  static_assert(kImage == kla::detail::wy_image_bytes(KD, false), "workspace.hpp's image size");
+  static_assert(kImage == kla::detail::wy_image_bytes(KD, true), "workspace.hpp's image size");
   for (int idx = int(threadIdx.x); idx < 2 * kPieces; idx += kWyThreads) {
     const bool isq = idx >= kPieces;
     const int q = isq ? idx - kPieces : idx, row = q / (kPanels * 8), pn = (q >> 3) % kPanels,
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 2 : 4)
   if constexpr (!std::is_same_v<E, __nv_bfloat16>)
     if (hv % (p.HV / p.H) == 0)
       write_wy_images<E, KD>(
-          Kr, Qr, KP, p.ws_images + (slot * p.H + h) * 2 * kla::detail::wy_image_bytes(KD, false));
+          Kr, Qr, KP, p.ws_images + (slot * p.H + h) * 2 * kla::detail::wy_image_bytes(KD, true));
   // K K^T and Q K^T on the 10 lower 16 x 16 tiles each: bf16 / fp16 inputs are exact in the
   // instruction; fp32 inputs enter split TF32 hi + lo (three products, ~2^-21, as the TF32 path).
   // Unit u < 10: K K^T tile, else Q K^T tile; tile tl -> (row block mi, column block nb <= mi).
@@ -421,10 +422,10 @@ template <class E, int KD>
 __host__ __device__ constexpr int64_t wy_kq_tile_bytes() {
   return std::is_same_v<E, __nv_bfloat16> ? wy_tile_bytes<KD>() : 2 * wy_tile_bytes<KD>();
 }
-static_assert(kla::detail::wy_image_bytes(64, false) == wy_kq_tile_bytes<float, 64>() &&
-                  kla::detail::wy_image_bytes(96, false) == wy_kq_tile_bytes<__half, 96>() &&
-                  kla::detail::wy_image_bytes(128, false) == wy_kq_tile_bytes<float, 128>() &&
-                  kla::detail::wy_image_bytes(128, true) == 0,
+static_assert(kla::detail::wy_image_bytes(64, true) == wy_kq_tile_bytes<float, 64>() &&
+                  kla::detail::wy_image_bytes(96, true) == wy_kq_tile_bytes<__half, 96>() &&
+                  kla::detail::wy_image_bytes(128, true) == wy_kq_tile_bytes<float, 128>() &&
+                  kla::detail::wy_image_bytes(128, false) == 0,
               "workspace.hpp's image size");
 /// Largest dynamic shared memory a block may opt into on compute capability 9.0 (the only one the
 /// WY path runs on).

@@ -142,6 +142,7 @@ void kla_params_init(kla_params* p) {
   p->scale = 0.0f;
   p->coefficient = KLA_COEFF_KACZMARZ;
   p->readout = KLA_READOUT_SCALE;
+  p->fp32_math = KLA_FP32_MATH_ACCURATE;
 }
 
 kla_status kla_validate(const kla_params* p) {
@@ -156,6 +157,9 @@ kla_status kla_validate(const kla_params* p) {
     return fail(KLA_ERROR_INVALID_VALUE, cat("coefficient = ", coef, " is unknown"));
   if (readout != KLA_READOUT_SCALE && readout != KLA_READOUT_Q_L2NORM)
     return fail(KLA_ERROR_INVALID_VALUE, cat("readout = ", readout, " is unknown"));
+  const int fp32_math = enum_bits(p->fp32_math);
+  if (fp32_math != KLA_FP32_MATH_ACCURATE && fp32_math != KLA_FP32_MATH_FAST)
+    return fail(KLA_ERROR_INVALID_VALUE, cat("fp32_math = ", fp32_math, " is unknown"));
 
   const struct {
     const char* name;
@@ -316,8 +320,10 @@ size_t kla_workspace_size(const kla_params* p) {
   const int64_t slots = kla::detail::fast_chunk_slots(N, p->seq_len, packed);
   const int64_t record = kla::detail::ws_record_bytes(K, V);
   const int64_t image =
-      dims_set ? kla::detail::wy_image_bytes(K, kla::detail::enum_bits(p->dtype) == KLA_DTYPE_BF16)
-               : kla::detail::wy_image_bytes(128, false);
+      dims_set ? kla::detail::wy_image_bytes(
+                     K, kla::detail::wy_needs_images(kla::detail::enum_bits(p->dtype),
+                                                     kla::detail::enum_bits(p->fp32_math)))
+               : kla::detail::wy_image_bytes(128, true);
   const double total =
       double(slots) * (double(p->num_v_heads) * double(record) + 2.0 * double(H) * double(image));
   if (total > 9.0e18) return 0;

@@ -12,10 +12,10 @@
 //                (chunk_wy.cuh, wy_packed_offset); the blocks above the diagonal are zero and
 //                not stored
 //   512 floats   per-token scalars
-//   fp16 / fp32 storage also keeps, after all records, each chunk's K and Q tiles split into bf16
-//   hi + lo (written by the prep, read by every value slice of the scan): per (chunk slot, key
-//   head) a K image then a Q image, each [ceil(K/64) 64-column panels][hi 64 x 128 B | lo 64 x
-//   128 B], the shared-memory image of the scan's wgmma A tiles (128-byte swizzle).
+//   fp16 (and fp32 with fp32_math FAST) also keeps, after all records, each chunk's K and Q tiles
+//   split into bf16 hi + lo (written by the prep, read by every value slice of the scan): per
+//   (chunk slot, key head) a K image then a Q image, each [ceil(K/64) 64-column panels][hi 64 x 128
+//   B | lo 64 x 128 B], the shared-memory image of the scan's wgmma A tiles (128-byte swizzle).
 // Chunk slots: fixed lengths: n * ceil(T/64) + c; packed (cu_seqlens): cu[n]/64 + n + c, which
 // never collide and stay below T/64 + N.
 #pragma once
@@ -36,10 +36,17 @@ constexpr int64_t ws_record_bytes(int64_t K, int64_t V) {
   return tf32 > wy ? tf32 : wy;
 }
 
-/// Bytes of one K or Q image (the WY path's split tiles, fp16 / fp32 storage), 0 where the WY
-/// path keeps none: bf16 (its raw tiles are exact wgmma operands) or K off its list.
-constexpr int64_t wy_image_bytes(int64_t K, bool two_byte_bf16) {
-  if (two_byte_bf16 || (K != 64 && K != 96 && K != 128)) return 0;
+/// Whether a call's WY path reads K / Q images: fp16 storage, and fp32 with fp32_math FAST
+/// (the accurate fp32 path is the TF32 one); bf16's raw tiles are exact wgmma operands. Takes
+/// the kla_dtype and kla_fp32_math values (kla.h).
+constexpr bool wy_needs_images(int dtype, int fp32_math) {
+  return dtype == 2 /* KLA_DTYPE_FP16 */ ||
+         (dtype == 0 /* KLA_DTYPE_FP32 */ && fp32_math == 1 /* KLA_FP32_MATH_FAST */);
+}
+/// Bytes of one K or Q image (the WY path's split tiles), 0 where the WY path keeps none (no
+/// images wanted, or K off its list).
+constexpr int64_t wy_image_bytes(int64_t K, bool images) {
+  if (!images || (K != 64 && K != 96 && K != 128)) return 0;
   return 2 * ((K + 63) / 64) * kFastChunk * 128;
 }
 

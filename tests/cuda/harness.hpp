@@ -63,6 +63,7 @@ struct Config {
   float scale = 0.0f;  // 0: resolved to 1/sqrt(K) here, the same float the library uses
   kla_coefficient coefficient = KLA_COEFF_KACZMARZ;
   kla_readout readout = KLA_READOUT_SCALE;
+  kla_fp32_math fp32_math = KLA_FP32_MATH_ACCURATE;  // fp32 chunkwise arithmetic
   bool has_g = true, has_eta = true, has_init = true, want_final = true;
   int pad_qk = 0, pad_v = 0, pad_o = 0;  // extra head-stride elements (multiples of 8)
   // Generation ranges.
@@ -81,7 +82,9 @@ struct Config {
         " V=" + std::to_string(V) + " N=" + std::to_string(N()) + " eps=" + std::to_string(eps) +
         (has_g ? " g" : "") + (has_init ? " s0" : "") +
         (coefficient == KLA_COEFF_GIVEN ? " given-beta" : "") +
-        (readout == KLA_READOUT_Q_L2NORM ? " q-l2" : "") + " seed=" + std::to_string(seed);
+        (readout == KLA_READOUT_Q_L2NORM ? " q-l2" : "") +
+        (dtype == KLA_DTYPE_FP32 && fp32_math == KLA_FP32_MATH_FAST ? " fp32-fast" : "") +
+        " seed=" + std::to_string(seed);
     if (!cu_seqlens.empty()) {
       s += " cu=[";
       for (auto c : cu_seqlens) s += std::to_string(c) + ",";
@@ -214,6 +217,7 @@ struct DeviceProblem {
     p.scale = c.resolved_scale();
     p.coefficient = c.coefficient;
     p.readout = c.readout;
+    p.fp32_math = c.fp32_math;
     p.initial_state = s0;
     p.final_state = c.want_final ? sf : nullptr;
     if (cu) {

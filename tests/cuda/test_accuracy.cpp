@@ -2,7 +2,8 @@
 // state against the MPFR reference (133 bits, tokenwise recurrence) on the same rounded inputs,
 // T = 2048, K = V = 128, key norms spread log-uniformly over [1e-3, 1e1] inside every chunk,
 // decays alpha in [e^-0.1, 1], eta in [0.5, 1], eps in {0, 1e-6, 1e-3}, two value heads.
-// Targets: bf16 <= 2e-3, fp16 <= 3e-4, fp32 <= 1e-5 (outputs and state). With
+// Targets: bf16 <= 2e-3, fp16 <= 3e-4, fp32 <= 1e-5 (outputs and state), the last for both fp32
+// arithmetics of the chunkwise entry (kla_fp32_math; "fp32 fast" rows). With
 // KLA_ACCURACY_OUT=path the table is also written there (markdown).
 #include <gtest/gtest.h>
 
@@ -57,6 +58,20 @@ TEST(CudaAccuracy, RelativeRmsAtT2048D128) {
       table << line;
       EXPECT_LE(ro, target(cfgs[i].dtype)) << line;
       EXPECT_LE(rs, target(cfgs[i].dtype)) << line;
+    }
+    if (cfgs[i].dtype == KLA_DTYPE_FP32) {  // the same inputs, fp32_math FAST
+      Data fast = data[i];
+      fast.cfg.fp32_math = KLA_FP32_MATH_FAST;
+      DeviceProblem fp(fast);
+      const Outputs got = run_device(fp, Entry::chunk);
+      const double ro = rel_rms(got.o, refs[i].o, data[i], true);
+      const double rs = rel_rms(got.state, refs[i].state, data[i], false);
+      char line[256];
+      std::snprintf(line, sizeof line, "| fp32 fast | %g | chunk | %.3e | %.3e | %.0e |\n",
+                    double(cfgs[i].eps), ro, rs, target(KLA_DTYPE_FP32));
+      table << line;
+      EXPECT_LE(ro, target(KLA_DTYPE_FP32)) << line;
+      EXPECT_LE(rs, target(KLA_DTYPE_FP32)) << line;
     }
   }
   std::printf("%s", table.str().c_str());

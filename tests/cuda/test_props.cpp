@@ -29,6 +29,9 @@ const float kEps[] = {0.0f, 1e-12f, 1e-6f, 1e-3f, 1.0f};
 Config gen_config() {
   Config c;
   c.dtype = *rc::gen::element(KLA_DTYPE_FP32, KLA_DTYPE_BF16, KLA_DTYPE_FP16);
+  // fp32: both chunkwise arithmetics (FAST runs the WY path on sm_90a at K = 64).
+  if (c.dtype == KLA_DTYPE_FP32)
+    c.fp32_math = *rc::gen::element(KLA_FP32_MATH_ACCURATE, KLA_FP32_MATH_FAST);
   c.K = 16 * *rc::gen::inRange(1, 5);
   c.V = 16 * *rc::gen::inRange(1, 5);
   c.H = *rc::gen::inRange(1, 3);

@@ -35,7 +35,7 @@ extern "C" {
 #define KLA_API __attribute__((visibility("default")))
 #endif
 
-#define KLA_ABI_VERSION 2
+#define KLA_ABI_VERSION 3
 
 /* A CUDA stream: the same type as cudaStream_t / CUstream (NULL = legacy default stream). */
 typedef struct CUstream_st* kla_stream_t;
@@ -64,6 +64,14 @@ typedef enum kla_coefficient { KLA_COEFF_KACZMARZ = 0, KLA_COEFF_GIVEN = 1 } kla
 
 /* How o is read: o = S^T q * scale, or o = S^T q / |q| (in-kernel q l2-norm; 0 for q = 0). */
 typedef enum kla_readout { KLA_READOUT_SCALE = 0, KLA_READOUT_Q_L2NORM = 1 } kla_readout;
+
+/* Arithmetic of the fp32 chunkwise prefill (ignored for bf16 / fp16 and by the tokenwise entry
+ * point). ACCURATE (default): every product keeps ~21 significant bits (fp32 operands split into
+ * two TF32 parts), ~5e-7 relative RMS against a 133-bit reference. FAST: keys, queries and the
+ * state's copies enter the tensor-core products as bf16 hi + lo (16 significant bits), about 3x
+ * faster on H100 / H200 (compute capability 9.0) at ~5e-6 relative RMS on random inputs and up
+ * to ~2e-5 on colinear or repeated keys (docs/accuracy.md), like TF32 math in other libraries. */
+typedef enum kla_fp32_math { KLA_FP32_MATH_ACCURATE = 0, KLA_FP32_MATH_FAST = 1 } kla_fp32_math;
 
 typedef struct kla_params {
   kla_dtype dtype;     /* of q, k, v and o */
@@ -124,6 +132,9 @@ typedef struct kla_params {
    * forward then runs its workspace-free kernel, correct but many times slower. */
   void* workspace;
   size_t workspace_size;
+
+  /* ABI 3. fp32 chunkwise arithmetic (kla_fp32_math above); kla_params_init sets ACCURATE. */
+  kla_fp32_math fp32_math;
 } kla_params;
 
 /* Zeroes *p and sets the defaults: eta_value 1, eps 0, scale 0 (meaning K^-1/2 once
@@ -142,10 +153,11 @@ KLA_API kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t strea
 
 /* Bytes of device workspace kla_chunk_forward wants for these sizes (batch or num_seqs with
  * cu_seqlens, seq_len, num_heads, num_v_heads, head dims) and dtype: about 34 KB per 64-token
- * chunk and value head (each chunk's matrices), plus for fp16 / fp32 with head_dim_k 64, 96 or
- * 128 the chunk's keys and queries split into bf16 hi + lo (32 KB per chunk and key head at
- * K = 64, 64 KB at 96 or 128). Head dims left 0 give the size for the largest call. Pure host
- * arithmetic; 0 for NULL or unusable sizes. The entry points themselves never allocate. */
+ * chunk and value head (each chunk's matrices), plus for fp16 (and fp32 with fp32_math FAST)
+ * with head_dim_k 64, 96 or 128 the chunk's keys and queries split into bf16 hi + lo (32 KB per
+ * chunk and key head at K = 64, 64 KB at 96 or 128). Head dims left 0 give the size for the
+ * largest call. Pure host arithmetic; 0 for NULL or unusable sizes. The entry points themselves
+ * never allocate. */
 KLA_API size_t kla_workspace_size(const kla_params* p);
 
 KLA_API const char* kla_status_string(kla_status s);
