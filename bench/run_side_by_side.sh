@@ -14,13 +14,13 @@
 #                                             defaults to $OUT (the device tool's folder).
 #   python3 bench/make_performance_md.py OUTDIR   here, afterwards: docs/performance.md + plots
 #
-# With the device tool (carry: build-bench-gpu/dist and .whl/fla; timeout_s 540): the whole run
+# With the device tool (carry: build-bench-gpu/dist and .whl/fla; timeout_s 595): the whole run
 # takes about 7 minutes on an H200, most of it FLA's Triton autotuning (about 30 s for each
 # dtype and (H, K, V)); the most valuable cases run first, so a smaller budget drops the fp16 /
 # fp32 prefill shapes last.
 #   bash bench/run_side_by_side.sh
-# Time limits (seconds, environment): KLA_BENCH_CUDA_TIMEOUT (75), KLA_SBS_BUDGET (360: no
-# side-by-side case starts later), KLA_SBS_TIMEOUT (420: hard stop).
+# Time limits (seconds, environment): KLA_BENCH_CUDA_TIMEOUT (75), KLA_SBS_BUDGET (450: no
+# side-by-side case starts later; the fp32 fast rows need it), KLA_SBS_TIMEOUT (500: hard stop).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${KLA_BENCH_BUILD:-$ROOT/build-bench-gpu}
@@ -80,8 +80,8 @@ main() {
   echo "kla_bench_cuda rc=$?"
 
   echo "===== side_by_side.py"
-  timeout "${KLA_SBS_TIMEOUT:-420}" python3 bench/side_by_side.py \
-    --lib "$DIST/libkla_cuda.so.0" --out "$OUTDIR" --budget "${KLA_SBS_BUDGET:-360}"
+  timeout "${KLA_SBS_TIMEOUT:-500}" python3 bench/side_by_side.py \
+    --lib "$DIST/libkla_cuda.so.0" --out "$OUTDIR" --budget "${KLA_SBS_BUDGET:-450}"
   local rc=$?
   echo "side_by_side rc=$rc"
   python3 bench/side_by_side.py --plot "$OUTDIR" || echo "plotting failed"
