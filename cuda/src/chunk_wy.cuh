@@ -39,9 +39,10 @@
 //     One __syncthreads per chunk frees the stage and the state buffer that the last chunk read.
 //
 // Precision. The products are bf16 with fp32 accumulation. Raw bf16 inputs are exact operands;
-// fp16 K / Q enter as bf16 hi + lo (exact), fp32 K / Q as hi + lo (16 significant bits, the
-// split's only rounding of an input: fp32 outputs ~5e-6 relative RMS against a 1e-5 target; the
-// TF32 path keeps ~5e-7 at about 3x the time), and both parts enter the products; fp32
+// fp16 K / Q enter as bf16 hi + lo (exact), fp32 K / Q (fp32_math FAST) as hi + lo (16
+// significant bits, the only rounding of an input: ~5e-6 relative RMS on the accuracy test, up
+// to ~2e-5 with colinear keys, docs/accuracy.md; the default TF32 path keeps ~5e-7 at about 3x
+// the time), and both parts enter the products; fp32
 // intermediates (S, R, X, T, P T) as hi = bf16(x), lo = bf16(x - hi), 16 significant bits
 // together, and a product of two split operands keeps hi*hi + hi*lo + lo*hi (relative error
 // ~2^-16, far below the bf16 / fp16 storage roundoff that bounds the outputs). V and the
