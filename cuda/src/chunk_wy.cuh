@@ -406,10 +406,17 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 2 : 4)
 // ---- pass 2: the sequential scan ------------------------------------------------------------
 
 /// Pitch (elements) of the scan's VS-wide bf16 tiles: rows 16 B apart modulo 128 (ldmatrix
-/// conflict-free).
+/// conflict-free; VS = 8 takes 48-byte rows as VS = 16 does).
 template <int VS>
 constexpr int wy_scan_pitch() {
-  return VS + 8;
+  return VS == 8 ? 24 : VS + 8;
+}
+/// Column groups of a VS-column value slice: two halves (warpgroup j's step A takes half j), or
+/// one group at VS = 8 (8 columns, the narrowest tile; step A on warpgroup 0 alone). The split B
+/// tiles hold each group's hi rows, then its lo rows (wy_split_row).
+template <int VS>
+constexpr int wy_groups() {
+  return VS >= 16 ? 2 : 1;
 }
 /// Bytes of one bf16 K or Q tile in the scan: 64-column panels of 64 rows x 128 B (swizzled).
 template <int KD>
@@ -456,11 +463,12 @@ __host__ __device__ constexpr int64_t wy_state_split_bytes() {
   return int64_t((KD + 63) / 64) * 2 * VS * 128;
 }
 /// Row of value column c's part p (0 hi, 1 lo) in the scan's split wgmma B tiles (S, X): each
-/// half of the VS-column slice as its hi rows, then its lo rows, so that one wgmma over a half
-/// (N = VS) or the slice (N = 2 VS) gives both parts.
+/// column group of the VS-column slice (wy_groups) as its hi rows, then its lo rows, so that one
+/// wgmma over a group (N = 2 VS / groups) or the slice (N = 2 VS) gives both parts.
 template <int VS>
 __host__ __device__ constexpr int wy_split_row(int c, int p) {
-  return (c / (VS / 2)) * VS + p * (VS / 2) + c % (VS / 2);
+  constexpr int gw = VS / wy_groups<VS>();  // columns a group
+  return (c / gw) * 2 * gw + p * gw + c % gw;
 }
 /// The scan's split B tiles are laid out one to one: wy_split_row maps (column, part) onto the
 /// 2 VS rows, and kmajor_sw128_offset maps every (row, k) of a [KD / 64 panels][2 VS rows] tile
@@ -485,7 +493,7 @@ constexpr bool wy_split_layout_is_one_to_one() {
     }
   return true;
 }
-static_assert(wy_split_layout_is_one_to_one<128, 16>() &&
+static_assert(wy_split_layout_is_one_to_one<128, 8>() && wy_split_layout_is_one_to_one<128, 16>() &&
                   wy_split_layout_is_one_to_one<128, 32>() &&
                   wy_split_layout_is_one_to_one<96, 16>() &&
                   wy_split_layout_is_one_to_one<64, 32>(),
@@ -605,7 +613,9 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   // enter every product as both parts; bf16: the raw TMA boxes.
   constexpr bool kSplitIn = kF16 || kF32;
   using E2 = std::conditional_t<kF32, float2, std::conditional_t<kF16, __half2, __nv_bfloat162>>;
-  constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8, NH = NJ / 2;
+  // GROUPS column groups of NH 8-column tiles each (wy_groups).
+  constexpr int GROUPS = wy_groups<VS>();
+  constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8, NH = NJ / GROUPS;
   constexpr int64_t kStage = wy_stage_bytes<E, KD, VS>(), kTile = wy_kq_tile_bytes<E, KD>();
   constexpr bool kVSmem = wy_v_in_smem<E, KD, VS>();
   constexpr int kPanels = (KD + 63) / 64;
@@ -638,7 +648,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   auto* Rh = reinterpret_cast<__nv_bfloat16*>(Xs + kXSplit);  // [C][SP] R split
   __nv_bfloat16* Rl = Rh + C * SP;
   auto* full = reinterpret_cast<uint64_t*>(Rl + C * SP);  // stage st landed
-  static_assert(kSSplit % 1024 == 0 && (VS / 2) % 8 == 0, "wgmma B tiles are 1024 B atoms");
+  static_assert(kSSplit % 1024 == 0 && (VS / GROUPS) % 8 == 0, "wgmma B tiles are 1024 B atoms");
   // One 16 x 8 tile (rows r0.., columns c0..) of a [row][column] matrix, held as an mma C
   // fragment v, split into a split B tile t (K-major: [2 VS rows (wy_split_row)][k = row]): one
   // transposing stmatrix of four 8 x 8 matrices (hi rows r0.. and r0 + 8.., then lo), lane l
@@ -675,6 +685,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   // Warp w < MT * SCS holds key-row block srow, columns scol..; element (nj, e) is row srow*16 +
   // g + 8 (e / 2), column scol + nj*8 + 2 t4 + e % 2.
   constexpr int SCS = 2 * MT <= kWyRecWarps ? 2 : 1, SNJ = NJ / SCS;
+  static_assert(SCS == 1 || GROUPS == 2, "VS = 8 needs KD >= 96 (a warp a whole key-row block)");
   const bool state_warp = warp < MT * SCS;
   const int srow = SCS == 2 ? warp & 3 : warp, scol = SCS == 2 ? (warp >> 2) * (VS / 2) : 0;
   float sacc[SNJ][4] = {};
@@ -764,7 +775,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   // This thread's first element: row 16 (w % 4) + g of chunk 0, column n0 + 2 t4 of the slice;
   // rows + 8 and the next tile's columns are fixed offsets from it.
   const E* vrow = static_cast<const E*>(p.v) + sr.b * p.vs[0] + int64_t(hv) * p.vs[2] + c0 +
-                  (sr.t0 + (warp & 3) * 16 + g) * p.vs[1] + (warp >> 2) * (VS / 2) + 2 * t4;
+                  (sr.t0 + (warp & 3) * 16 + g) * p.vs[1] + (warp >> 2) * (VS / GROUPS) + 2 * t4;
   auto load_v = [&](int ch) {
     const int Lc = int(sr.len - int64_t(ch) * C < C ? sr.len - int64_t(ch) * C : C);
     const E* r = vrow + int64_t(ch) * C * p.vs[1];
@@ -780,7 +791,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
         }
       }
   };
-  if (!kVSmem && warp < kWyRecWarps && nch > 0) load_v(0);
+  const bool step_a_warp = (warp >> 2) < GROUPS;  // recurrence warps of a step-A warpgroup
+  if (!kVSmem && step_a_warp && nch > 0) load_v(0);
 
 #ifdef KLA_WY_PROFILE
   const bool prof_on = blockIdx.x == 0 && (tid == 0 || tid == kRecThreads);
@@ -817,12 +829,13 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     const char* Qb = Kb + kTile;
 
     if (warp < kWyRecWarps) {
-      // Step A. R = diag(cu) V - diag(cw) K S for row block w % 4, columns of half w / 4.
-      {
-        const int mi = warp & 3, n0 = (warp >> 2) * (VS / 2);
+      // Step A. R = diag(cu) V - diag(cw) K S for row block w % 4, columns of group w / 4 (at
+      // VS = 8 one group: warpgroup 1 waits).
+      if (step_a_warp) {
+        const int mi = warp & 3, n0 = (warp >> 2) * (VS / GROUPS);
         float d[NH][4];
-        wg_times_split<KD / 16, VS, NH, false, kSplitIn, kAPanel>(
-            Kb, kALo, 0, s_split(sb) + (warp >> 2) * VS * 128, 2 * VS * 128, d);
+        wg_times_split<KD / 16, 2 * VS / GROUPS, NH, false, kSplitIn, kAPanel>(
+            Kb, kALo, 0, s_split(sb) + (warp >> 2) * (2 * VS / GROUPS) * 128, 2 * VS * 128, d);
         // R's 16 x 8 tiles split by one stmatrix each (hi rows mi*16.., +8.., then lo; lane l
         // addresses row l % 8 of matrix l / 8).
         const int m = lane >> 3, srow_r = mi * 16 + (m & 1) * 8 + (lane & 7);
@@ -848,9 +861,10 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       named_bar_sync(kWyBarRec, kRecThreads);  // R visible to the recurrence warps
       KLA_WY_MARK(3);
       // Step B. X = diag(update) T R. Warps w and w + 4 share a scheduler: w takes row block w,
-      // w + 4 row block 3 - w (other column half), so each scheduler has 5 k-blocks.
-      {
-        const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / 2);
+      // w + 4 row block 3 - w (other column half), so each scheduler has 5 k-blocks (at VS = 8,
+      // one 8-column tile: warps 0-3 alone).
+      if (GROUPS == 2 || warp < 4) {
+        const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / GROUPS);
         float d[NH][3][4] = {};
         tri_split_times_split<NH, SP>(rec + R::th, rec + R::tl, Rh, Rl, mi, n0, d);
         const float w0 = sc[kWyScUpd + mi * 16 + g], w1 = sc[kWyScUpd + mi * 16 + g + 8];
@@ -1016,7 +1030,14 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
   bool wide = p.V % 32 == 0 && wy_scan_smem_bytes<E, KD, 32>() <= max_smem &&
               int64_t(p.N) * p.HV * (p.V / 32) >= sms / 2;
   if (force_vs == 32 && p.V % 32 == 0 && wy_scan_smem_bytes<E, KD, 32>() <= max_smem) wide = true;
-  if (force_vs == 16) wide = false;
+  if (force_vs == 16 || force_vs == 8) wide = false;
+  // 8 columns where 16 would leave more than half the multiprocessors idle (few sequences and
+  // heads, e.g. 1 x 131072 x 8): twice the blocks, each with a shorter chunk step. KD >= 96 only
+  // (at KD = 64 two warps share a key-row block of the state).
+  bool narrow = false;
+  if constexpr (KD >= 96)
+    narrow = !wide && force_vs != 16 && wy_scan_smem_bytes<E, KD, 8>() <= max_smem &&
+             (force_vs == 8 || int64_t(p.N) * p.HV * (p.V / 16) <= sms / 2);
   ran = true;
   cudaError_t e = cudaFuncSetAttribute(
       chunk_wy_prep_kernel<E, KD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep_bytes));
@@ -1025,13 +1046,16 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
   chunk_wy_prep_kernel<E, KD><<<dim3(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N)),
                                 kWyThreads, size_t(prep_bytes), stream>>>(p, ws);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  if constexpr (KD >= 96)
+    if (narrow) return launch_scan_wy<E, KD, 8>(p, stream, ws, kmap, qmap);
   return wide ? launch_scan_wy<E, KD, 32>(p, stream, ws, kmap, qmap)
               : launch_scan_wy<E, KD, 16>(p, stream, ws, kmap, qmap);
 }
 
 /// Runs the WY path when it applies: sm_90, workspace given, K in {64, 96, 128},
 /// V a multiple of 16, shared memory fits, the driver encodes the K / Q / V tensor maps. `ran`
-/// says whether it did. force_vs (16 or 32; 0 = choose) pins the scan's value slice, for tests.
+/// says whether it did. force_vs (8, 16 or 32; 0 = choose) pins the scan's value slice where it
+/// applies, for tests.
 template <class E>
 cudaError_t launch_chunk_wy(const KernelParams& p, cudaStream_t stream, int cc_major, int sms,
                             int64_t max_smem, int force_vs, bool& ran) {
