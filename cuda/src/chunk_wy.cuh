@@ -17,10 +17,12 @@
 //     chunk's K and Q tiles split into bf16 hi + lo, as the scan's wgmma operand images
 //     (write_wy_images), once per key head, so that the value slices do not each split them.
 //     4 blocks a multiprocessor (64 registers, 53 KB of shared memory at K = 128; fp32 2).
-//  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 16 or 32 value columns),
-//     chunks in order, warps in three roles:
+//  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 8, 16 or 32 value
+//     columns: 8 only where 16 would leave more than half the multiprocessors idle), chunks in
+//     order, warps in three roles:
 //       8 recurrence warps (the chain from chunk to chunk; warpgroups 0 and 1): A. R = diag(cu) V
-//         - diag(cw) K S (warpgroup j: column half j, warp w rows 16 (w % 4)); B. X =
+//         - diag(cw) K S (warpgroup j: column half j, at VS = 8 warpgroup 0 alone; warp w rows
+//         16 (w % 4)); B. X =
 //         diag(update) T R; C. S <- gamma_C S + K^T X, the state in the accumulators of the
 //         warps that own its blocks, written split into the other of two shared buffers;
 //       4 read-out warps (off the chain; warpgroup 2): Q S_ch while R forms, then O =
