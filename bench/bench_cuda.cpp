@@ -482,18 +482,17 @@ void bench_copy(benchmark::State& st) {
 /// its time limit (bench/run_side_by_side.sh) loses the least.
 std::vector<Case> all_cases() {
   const kla_dtype dts[] = {KLA_DTYPE_BF16, KLA_DTYPE_FP16, KLA_DTYPE_FP32};
+  auto prefill_shapes = [](kla_dtype dt) {
+    return std::vector<Shape>{{dt, 1, 32768, 16, 16, 128, 128},
+                              {dt, 4, 8192, 16, 16, 128, 128},
+                              {dt, 1, 131072, 8, 8, 128, 128},
+                              {dt, 8, 4096, 16, 16, 128, 128},
+                              {dt, 1, 32768, 12, 12, 96, 192}};
+  };
   std::vector<Case> cases;
   for (kla_dtype dt : dts)
-    for (const Shape& s :
-         {Shape{dt, 1, 32768, 16, 16, 128, 128}, Shape{dt, 4, 8192, 16, 16, 128, 128},
-          Shape{dt, 1, 131072, 8, 8, 128, 128}, Shape{dt, 8, 4096, 16, 16, 128, 128},
-          Shape{dt, 1, 32768, 12, 12, 96, 192}})
-      cases.push_back({false, s});
-  for (const Shape& s : {Shape{KLA_DTYPE_FP32, 1, 32768, 16, 16, 128, 128},
-                         Shape{KLA_DTYPE_FP32, 4, 8192, 16, 16, 128, 128},
-                         Shape{KLA_DTYPE_FP32, 1, 131072, 8, 8, 128, 128},
-                         Shape{KLA_DTYPE_FP32, 8, 4096, 16, 16, 128, 128},
-                         Shape{KLA_DTYPE_FP32, 1, 32768, 12, 12, 96, 192}})
+    for (const Shape& s : prefill_shapes(dt)) cases.push_back({false, s});
+  for (const Shape& s : prefill_shapes(KLA_DTYPE_FP32))  // fp32_math FAST
     cases.push_back({false, s, true, true});
   for (kla_dtype dt : dts)
     for (int B : {1, 8, 64, 256}) cases.push_back({true, {dt, B, 1, 16, 16, 128, 128}});

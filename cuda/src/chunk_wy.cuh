@@ -35,7 +35,7 @@
 //         goes from global memory to the recurrence warps' registers a chunk ahead instead.
 //     K S, Q S and K^T X run on wgmma (wgmma.cuh) with both operands in shared memory: the K / Q
 //     boxes as the TMA leaves them or the images (K^T as the M-major view), S and X as split
-//     K-major tiles whose rows hold each half of the slice's columns as hi rows then lo rows
+//     K-major tiles whose rows hold each column group of the slice as hi rows then lo rows
 //     (wy_split_row), so one wgmma gives both parts; they are written from the accumulators by
 //     transposing stmatrix. T R and (P T) R stay on mma.sync (packed triangular records).
 //     One __syncthreads per chunk frees the stage and the state buffer that the last chunk read.
@@ -144,6 +144,13 @@ __device__ __forceinline__ void load_rows_async(E* dst, int DP, const E* src, in
 /// the 128-byte swizzle (16-byte piece c of row r at c ^ r % 8), columns past KD zero. fp16
 /// values are exact in hi + lo; fp32 keep 16 significant bits (relative error <= 2^-17). Piece
 /// order: 8 consecutive threads fill one 128-byte line. Called by all kWyThreads threads.
+/// Chunk slot `slot`'s K image (its Q image follows) for key head h in the workspace
+/// (workspace.hpp; images of KD-column tiles).
+template <int KD>
+__device__ __forceinline__ char* wy_image_pair(const KernelParams& p, int64_t slot, int h) {
+  return p.ws_images + (slot * p.H + h) * (2 * kla::detail::wy_image_bytes(KD, true));
+}
+
 template <class E, int KD>
 __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP, char* dst) {
   constexpr int kPanels = (KD + 63) / 64, kPieces = kFC * kPanels * 8, kPanel = kFC * 128;
@@ -234,9 +241,7 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 2 : 4)
   // fp16 / fp32: the K / Q images every value slice of the scan reads, once per key head (by
   // its group's first value head).
   if constexpr (!std::is_same_v<E, __nv_bfloat16>)
-    if (hv % (p.HV / p.H) == 0)
-      write_wy_images<E, KD>(
-          Kr, Qr, KP, p.ws_images + (slot * p.H + h) * 2 * kla::detail::wy_image_bytes(KD, true));
+    if (hv % (p.HV / p.H) == 0) write_wy_images<E, KD>(Kr, Qr, KP, wy_image_pair<KD>(p, slot, h));
   // K K^T and Q K^T on the 10 lower 16 x 16 tiles each: bf16 / fp16 inputs are exact in the
   // instruction; fp32 inputs enter split TF32 hi + lo (three products, ~2^-21, as the TF32 path).
   // Unit u < 10: K K^T tile, else Q K^T tile; tile tl -> (row block mi, column block nb <= mi).
@@ -564,14 +569,15 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
 /// 128-byte swizzle, kAPanel bytes apart), or of its transpose (kTransA: A = tile^T, m0 a
 /// multiple of 64); with kALo also its lo part, a_lo bytes further (fp16 / fp32 inputs: the
 /// prep's images, hi panels 16 KB apart, each lo panel 8 KB after its hi panel). B: a split tile
-/// (K-major, 128-byte swizzle, rows as wy_split_row from a half's first row, b_panel bytes between
-/// 64-k panels); N counts its hi and lo rows (N / 16 column tiles), NH tiles a half. The result is
+/// (K-major, 128-byte swizzle, rows as wy_split_row from a column group's first row, b_panel bytes
+/// between 64-k panels); N counts its hi and lo rows (N / 16 column tiles), NH tiles a group. The
+/// result is
 /// A B_hi + A B_lo (+ A_lo B_hi + A_lo B_lo: the last, up to 2^-18 relative, is as large as the
 /// split's own error, and leaving it out costs more small wgmma than it saves; prefill_notes.md).
 template <int KSTEPS, int N, int NH, bool kTransA, bool kALo, int kAPanel>
 __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, const char* B,
                                                int b_panel, float (&r)[N / 16][4]) {
-  static_assert(N % (16 * NH) == 0, "whole halves of hi and lo rows");
+  static_assert(N % (16 * NH) == 0, "whole column groups of hi and lo rows");
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
@@ -591,7 +597,7 @@ __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, 
   wgmma_commit();
   wgmma_wait_all();
   wgmma_reg_fence(d);
-  // Tile nj's hi rows in B: its half's first tile, then its place in the half; the lo rows
+  // Tile nj's hi rows in B: its group's first tile, then its place in the group; the lo rows
   // follow NH tiles later.
 #pragma unroll
   for (int nj = 0; nj < N / 16; ++nj) {
@@ -610,11 +616,12 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
                          const __grid_constant__ CUtensorMap vmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using R = WyRecord;
-  constexpr bool kF16 = std::is_same_v<E, __half>, kF32 = std::is_same_v<E, float>;
   // fp16 / fp32: the K / Q tiles are the prep's images (hi + lo panels, write_wy_images) and
   // enter every product as both parts; bf16: the raw TMA boxes.
-  constexpr bool kSplitIn = kF16 || kF32;
-  using E2 = std::conditional_t<kF32, float2, std::conditional_t<kF16, __half2, __nv_bfloat162>>;
+  constexpr bool kImages = !std::is_same_v<E, __nv_bfloat16>;
+  using E2 =
+      std::conditional_t<std::is_same_v<E, float>, float2,
+                         std::conditional_t<std::is_same_v<E, __half>, __half2, __nv_bfloat162>>;
   // GROUPS column groups of NH 8-column tiles each (wy_groups).
   constexpr int GROUPS = wy_groups<VS>();
   constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8, NH = NJ / GROUPS;
@@ -622,7 +629,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   constexpr bool kVSmem = wy_v_in_smem<E, KD, VS>();
   constexpr int kPanels = (KD + 63) / 64;
   // Bytes between the 64-column hi panels of the A tiles, and from a hi panel to its lo panel.
-  constexpr int kAPanel = kSplitIn ? 2 * kFC * 128 : kFC * 128, kALo = kFC * 128;
+  constexpr int kAPanel = kImages ? 2 * kFC * 128 : kFC * 128, kALo = kFC * 128;
   constexpr int kRecThreads = kWyRecWarps * 32, kRThreads = (kWyRecWarps + kWyReadWarps) * 32;
   // The 128-byte swizzle of the K / Q boxes needs their shared addresses 1024-byte aligned: the
   // dynamic block starts aligned (no static shared memory in this kernel) and every offset
@@ -719,7 +726,9 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   // K / Q rows (each slice of the head a share of the 128-byte lines), so that the copies find
   // them in L2 rather than DRAM.
   constexpr int kAhead = 3;
-  // fp16 / fp32: chunk ch's K and Q images (workspace.hpp: per chunk slot and key head).
+  // fp16 / fp32: chunk ch's K and Q images: wy_image_pair's address, written out (kTile is the
+  // image size, asserted with workspace.hpp's above; calling wy_image_pair here reorders the
+  // scan's instructions).
   auto kq_image = [&](int ch) {
     return p.ws_images + (chunk_slot(p, n, sr, ch) * p.H + h) * (2 * kTile);
   };
@@ -728,7 +737,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     mbar_expect_tx(&full[st], unsigned(R::bytes + 2 * kTile + (kVSmem ? C * VS * sizeof(E) : 0)));
     bulk_load(st_rec(st), rec, unsigned(R::bytes), &full[st]);
     const int t0 = int(sr.t0 + int64_t(ch) * C);
-    if constexpr (kSplitIn) {
+    if constexpr (kImages) {
       const char* img = kq_image(ch);  // K image, then Q image
       bulk_load(st_kq(st), img, unsigned(2 * kTile), &full[st]);
     } else {
@@ -745,7 +754,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     constexpr int lines = int(R::bytes / 128);
     for (int l = slice + nslices * lane; l < lines; l += nslices * 32)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(rf + l * 128));
-    if constexpr (kSplitIn) {
+    if constexpr (kImages) {
       const char* img = kq_image(cf);
       for (int l = slice + nslices * lane; l < int(2 * kTile / 128); l += nslices * 32)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(img + l * 128));
@@ -770,7 +779,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   }
 
   // V without room in the stages (!kVSmem): each recurrence warp's step-A elements (rows 16 (w %
-  // 4) + g (+8), columns of half w / 4), loaded from global memory one chunk ahead into
+  // 4) + g (+8), columns of group w / 4), loaded from global memory one chunk ahead into
   // registers, so that the load's latency hides behind a whole chunk. Rows past the chunk's end
   // read as zero.
   E2 vreg[NH][2];
@@ -811,7 +820,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
     // A last chunk: key rows past the sequence end may hold the next sequence's tokens; zero
     // them (the recurrence warps, their only readers; the images have zeros there already).
     // Query rows there only reach output rows that are not written.
-    if (!kSplitIn && L < C && warp < kWyRecWarps) {
+    if (!kImages && L < C && warp < kWyRecWarps) {
       for (int idx = tid; idx < kPanels * (C - L) * 8; idx += kRecThreads) {
         const int pn = idx / ((C - L) * 8), rem = idx % ((C - L) * 8);
         reinterpret_cast<uint4*>(st_kq(st) + pn * (C * 128) + (L + rem / 8) * 128)[rem % 8] =
@@ -836,7 +845,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       if (step_a_warp) {
         const int mi = warp & 3, n0 = (warp >> 2) * (VS / GROUPS);
         float d[NH][4];
-        wg_times_split<KD / 16, 2 * VS / GROUPS, NH, false, kSplitIn, kAPanel>(
+        wg_times_split<KD / 16, 2 * VS / GROUPS, NH, false, kImages, kAPanel>(
             Kb, kALo, 0, s_split(sb) + (warp >> 2) * (2 * VS / GROUPS) * 128, 2 * VS * 128, d);
         // R's 16 x 8 tiles split by one stmatrix each (hi rows mi*16.., +8.., then lo; lane l
         // addresses row l % 8 of matrix l / 8).
@@ -884,7 +893,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       // their block), split into the other buffer.
       {
         float d[SNJ][4];
-        wg_times_split<C / 16, 2 * VS / SCS, NH, true, kSplitIn, kAPanel>(  // K^T X: K^T
+        wg_times_split<C / 16, 2 * VS / SCS, NH, true, kImages, kAPanel>(  // K^T X: K^T
             Kb, kALo, SCS == 2 ? 0 : (warp >> 2) * 64, Xs + 2 * scol * 128, 0, d);
         if (state_warp) {
           const float gend = sc[kWyGend];
@@ -902,8 +911,8 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
       float o0[NJ][4];
       {
         float d[NJ][4];
-        wg_times_split<KD / 16, 2 * VS, NH, false, kSplitIn, kAPanel>(Qb, kALo, 0, s_split(sb),
-                                                                      2 * VS * 128, d);
+        wg_times_split<KD / 16, 2 * VS, NH, false, kImages, kAPanel>(Qb, kALo, 0, s_split(sb),
+                                                                     2 * VS * 128, d);
 #pragma unroll
         for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
