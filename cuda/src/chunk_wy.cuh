@@ -16,7 +16,7 @@
 //     blocks only, packed in ldmatrix order, 22 KB whatever the head dims. fp16 / fp32: also the
 //     chunk's K and Q tiles split into bf16 hi + lo, as the scan's wgmma operand images
 //     (write_wy_images), once per key head, so that the value slices do not each split them.
-//     4 blocks a multiprocessor (64 registers, 53 KB of shared memory at K = 128; fp32 2).
+//     4 blocks a multiprocessor (64 registers, 53 KB of shared memory at K = 128; fp32 3).
 //  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 8, 16 or 32 value
 //     columns: 8 only where 16 would leave more than half the multiprocessors idle), chunks in
 //     order, warps in three roles:
@@ -28,7 +28,8 @@
 //       4 read-out warps (off the chain; warpgroup 2): Q S_ch while R forms, then O =
 //         diag(gamma qscale) Q S_ch + (P T) R once it has (a named barrier the recurrence warps
 //         only arrive at);
-//       1 warp that issues the next chunk's copies (record by one bulk copy; bf16 K / Q as
+//       the producer (bf16: a 13th warp; fp16 / fp32: the first read-out warp) issues the next
+//         chunk's copies (record by one bulk copy; bf16 K / Q as
 //         128-byte swizzled boxes by tensor copies, fp16 / fp32 the prep's images of them by one
 //         bulk copy; V's slice by a tensor copy) into a two-stage ring, and L2 prefetches further
 //         ahead. Where the stages have no room for V (fp16 / fp32 at VS = 32, wy_v_in_smem), V
@@ -76,13 +77,27 @@ namespace kla::kernels {
 
 constexpr int kWyThreads = 256;  // prep
 // Warp roles of the scan: 8 recurrence warps (R, X and the state: the chain from chunk to
-// chunk), 4 read-out warps (O, off the chain), 1 warp issuing the copies.
-constexpr int kWyRecWarps = 8, kWyReadWarps = 4, kWyProducer = kWyRecWarps + kWyReadWarps;
-constexpr int kWyScanThreads = (kWyProducer + 1) * 32;
+// chunk), 4 read-out warps (O, off the chain), and the producer, which issues the copies: for
+// bf16 a warp of its own (its five tensor copies a chunk, on a read-out warp, made the scan 14%
+// slower), for fp16 / fp32 (one bulk copy of the images) the first read-out warp (one warp
+// fewer on its scheduler: 1-5% faster; prefill_notes.md, w42).
+constexpr int kWyRecWarps = 8, kWyReadWarps = 4;
+template <class E>
+constexpr bool wy_own_producer() {
+  return std::is_same_v<E, __nv_bfloat16>;
+}
+template <class E>
+constexpr int wy_producer_warp() {
+  return kWyRecWarps + (wy_own_producer<E>() ? kWyReadWarps : 0);
+}
+template <class E>
+constexpr int wy_scan_threads() {
+  return (kWyRecWarps + kWyReadWarps + (wy_own_producer<E>() ? 1 : 0)) * 32;
+}
 // Named barriers (0 is __syncthreads): R ready for the read-out warps (the recurrence warps
 // arrive, the read-out warps wait), the recurrence warps among themselves (R, then X), and two
-// that pad the read-out warps and the producer to as many barrier waits per chunk as the
-// recurrence warps (3):
+// that pad the read-out warps and a producer warp of its own to as many barrier waits per chunk
+// as the recurrence warps (3):
 // compute-sanitizer racecheck behaves as if it ordered two warps' accesses by how many barriers
 // each has waited at (prefill_notes.md, w18), and without the padding reports accesses ordered by
 // the chunk's __syncthreads as hazards.
@@ -187,14 +202,14 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
 template <class E, int KD>
 __host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
   constexpr int64_t kq = int64_t(kFC) * raw_pitch<E>(KD) * sizeof(E), l = int64_t(kFC) * kMP * 4;
-  return kq + (kq > l ? kq : l) + (int64_t(kFC) * kMP + 7 * kFC) * 4;
+  return kq + (kq > 2 * l ? kq : 2 * l) + 7 * kFC * 4;
 }
 
 // 4 blocks a multiprocessor: 64 registers with a few spills beat 71 registers at 3 blocks
 // (prefill_notes.md, w24: 295 -> 275 us at 1 x 32768 x 16). fp32 tiles take twice the shared
-// memory, so 2 blocks fit and the registers need not be capped as hard.
+// memory, so 3 blocks fit (w43).
 template <class E, int KD>
-__global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 2 : 4)
+__global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
     chunk_wy_prep_kernel(const KernelParams p, char* __restrict__ ws) {
   using R = WyRecord;
   constexpr int C = kFC, KP = raw_pitch<E>(KD);
@@ -207,24 +222,25 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 2 : 4)
   const int64_t tb = pt.tb;
 
   constexpr int64_t kq_bytes = int64_t(C) * KP * sizeof(E), l_bytes = int64_t(C) * kMP * 4;
+  // The region after the keys holds Q until the masked K K^T overwrites it (Q K^T waits in
+  // registers by then), then lm and T side by side: fp32 (KD = 128) 69 KB in all, not 85, so
+  // that 3 blocks fit a multiprocessor.
+  constexpr int64_t region_bytes = kq_bytes > 2 * l_bytes ? kq_bytes : 2 * l_bytes;
   E* Kr = reinterpret_cast<E*>(smem);            // [C][KP] raw keys, then the inverse's scratch
-  char* region = smem + kq_bytes;                // Q, then lm, then P
+  char* region = smem + kq_bytes;                // Q, then lm | T
   E* Qr = reinterpret_cast<E*>(region);          // [C][KP] raw queries
   float* lm = reinterpret_cast<float*>(region);  // [C][kMP] B(A^- o K^K^T)
   float* Pf = lm;                                // [C][kMP] P (after the inverse)
-  float* tm = reinterpret_cast<float*>(region + (kq_bytes > l_bytes ? kq_bytes : l_bytes));
-  float* ksc = tm + C * kMP;  // tm: [C][kMP] T
+  float* tm = reinterpret_cast<float*>(region + l_bytes);  // [C][kMP] T
+  float* ksc = reinterpret_cast<float*>(region + region_bytes);
   float* bet = ksc + C;
   float* qsc = bet + C;
   float* Gv = qsc + C;
   float* kn2 = Gv + C;  // squared key norms
-  static_assert(wy_prep_smem_bytes<E, KD>() == kq_bytes +
-                                                   (kq_bytes > l_bytes ? kq_bytes : l_bytes) +
-                                                   (int64_t(C) * kMP + 5 * C) * 4 + 2 * C * 4,
+  static_assert(wy_prep_smem_bytes<E, KD>() == kq_bytes + region_bytes + 7 * C * 4,
                 "prep shared layout");
   static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
-  static_assert((kq_bytes + (kq_bytes > l_bytes ? kq_bytes : l_bytes)) % 16 == 0,
-                "T's rows are read as float4");
+  static_assert((kq_bytes + l_bytes) % 16 == 0, "T's rows are read as float4");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -609,7 +625,7 @@ __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, 
 #endif
 
 template <class E, int KD, int VS>
-__global__ void __launch_bounds__(kWyScanThreads, 1)
+__global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
     chunk_wy_scan_kernel(const KernelParams p, const char* __restrict__ ws,
                          const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap qmap,
@@ -627,7 +643,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
   constexpr int C = kFC, SP = wy_scan_pitch<VS>(), MT = KD / 16, NJ = VS / 8, NH = NJ / GROUPS;
   constexpr int64_t kStage = wy_stage_bytes<E, KD, VS>(), kTile = wy_kq_tile_bytes<E, KD>();
   constexpr bool kVSmem = wy_v_in_smem<E, KD, VS>();
-  constexpr int kPanels = (KD + 63) / 64;
+  constexpr int kPanels = (KD + 63) / 64, kProducer = wy_producer_warp<E>();
   // Bytes between the 64-column hi panels of the A tiles, and from a hi panel to its lo panel.
   constexpr int kAPanel = kImages ? 2 * kFC * 128 : kFC * 128, kALo = kFC * 128;
   constexpr int kRecThreads = kWyRecWarps * 32, kRThreads = (kWyRecWarps + kWyReadWarps) * 32;
@@ -773,7 +789,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
                                                     (rem % lpr) * 128));
     }
   };
-  if (warp == kWyProducer) {
+  if (warp == kProducer) {
     for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
     if (nch > 0 && lane == 0) issue(0, 0);
   }
@@ -904,7 +920,13 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
           store_state_split(sb ^ 1);  // read after the next chunk's first barrier
         }
       }
-    } else if (warp < kWyProducer) {
+    } else if (warp < kWyRecWarps + kWyReadWarps) {
+      // fp16 / fp32: the first read-out warp is the producer; the next chunk's copies (stage st
+      // ^ 1 is free after the barrier) before its share of the read-out.
+      if (!wy_own_producer<E>() && warp == kProducer) {
+        if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
+        if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
+      }
       // Read-out of row block mi: O = diag(gamma qscale) Q S_ch + (P T) R, written out: Q S
       // while the recurrence warps form R, (P T) R once they have.
       const int mi = warp - kWyRecWarps;
@@ -933,7 +955,7 @@ __global__ void __launch_bounds__(kWyScanThreads, 1)
           *reinterpret_cast<E2*>(obase + (tb + i) * p.os[1] + cc) = pair;
         }
       named_bar_sync(kWyBarPadRead, kWyReadWarps * 32);  // racecheck's count (see above)
-    } else {  // the producer: the next chunk's copies (stage st ^ 1 is free after the barrier)
+    } else {  // bf16's producer warp: the next chunk's copies (stage st ^ 1 is free)
       if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
       if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
       named_bar_sync(kWyBarPadProducer, 32);  // racecheck's count (see above)
@@ -1016,7 +1038,7 @@ cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const cha
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e != cudaSuccess) return e;
   const int64_t blocks = int64_t(p.N) * p.HV * (p.V / VS);
-  kern<<<dim3(unsigned(blocks)), kWyScanThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap, vmap);
+  kern<<<dim3(unsigned(blocks)), wy_scan_threads<E>(), size_t(bytes), stream>>>(p, ws, kmap, qmap, vmap);
   return cudaGetLastError();
 }
 
