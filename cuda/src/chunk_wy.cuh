@@ -563,18 +563,29 @@ __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_
 /// d[nt][part] (row block mi) = A B for a split lower-triangular 64 x 64 A (Ah / Al, packed
 /// triangles, wy_packed_offset: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP], NT tiles from
 /// column n0).
+/// mi must be warp-uniform: each row block has its own fully unrolled body (offsets fold into
+/// the instructions: the scan is issue-bound, w48).
 template <int NT, int SP>
 __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char* Al,
                                                       const __nv_bfloat16* Bh,
                                                       const __nv_bfloat16* Bl, int mi, int n0,
                                                       float (&d)[NT][3][4]) {
   const int lane = threadIdx.x & 31;
-  for (int ks = 0; ks <= mi; ++ks) {
-    uint32_t ah[4], al[4];
-    const int off = wy_packed_offset(mi * 16, ks * 16) + lane * 16;
-    ldsm4(ah, Ah + off);
-    ldsm4(al, Al + off);
-    split_k_step<NT, SP>(d, ah, al, Bh, Bl, ks, n0, lane);
+  auto rows = [&](auto MI) {
+#pragma unroll
+    for (int ks = 0; ks <= decltype(MI)::value; ++ks) {
+      uint32_t ah[4], al[4];
+      const int off = wy_packed_offset(decltype(MI)::value * 16, ks * 16) + lane * 16;
+      ldsm4(ah, Ah + off);
+      ldsm4(al, Al + off);
+      split_k_step<NT, SP>(d, ah, al, Bh, Bl, ks, n0, lane);
+    }
+  };
+  switch (mi) {
+    case 0: rows(std::integral_constant<int, 0>{}); break;
+    case 1: rows(std::integral_constant<int, 1>{}); break;
+    case 2: rows(std::integral_constant<int, 2>{}); break;
+    default: rows(std::integral_constant<int, 3>{}); break;
   }
 }
 
@@ -599,16 +610,22 @@ __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, 
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
   wgmma_reg_fence(d);
   wgmma_fence();
+  // The descriptors of k-step 0; every later k-step (and A's lo part) starts a fixed number of
+  // bytes further, added to the start-address field (wgmma_desc_advance): the scan is
+  // issue-bound, and rebuilding each descriptor from its address cost ~10 instructions a
+  // k-step (w47). kTransA: rows = tile columns m0.. (panel m0 / 64), k = tile rows 16 ks..
+  // (8-row groups 1024 B apart); else rows = tile rows m0.., k = tile columns 16 ks.. (panel
+  // ks / 4).
+  const uint64_t bd0 = wgmma_desc_sw128(B);
+  const uint64_t ad0 = wgmma_desc_sw128(kTransA ? A + (m0 >> 6) * kAPanel : A + m0 * 128, kAPanel);
 #pragma unroll
   for (int ks = 0; ks < KSTEPS; ++ks) {
-    const uint64_t bd = wgmma_desc_sw128(B + (ks >> 2) * b_panel + (ks & 3) * 32);
-    // kTransA: rows = tile columns m0.. (panel m0 / 64), k = tile rows 16 ks.. (8-row groups
-    // 1024 B apart); else rows = tile rows m0.., k = tile columns 16 ks.. (panel ks / 4).
-    const char* a = kTransA ? A + (m0 >> 6) * kAPanel + ks * 2048
-                            : A + m0 * 128 + (ks >> 2) * kAPanel + (ks & 3) * 32;
+    const uint64_t bd = wgmma_desc_advance(bd0, (ks >> 2) * b_panel + (ks & 3) * 32);
+    const uint64_t ad =
+        wgmma_desc_advance(ad0, kTransA ? ks * 2048 : (ks >> 2) * kAPanel + (ks & 3) * 32);
 #pragma unroll
     for (int part = 0; part < (kALo ? 2 : 1); ++part)
-      wgmma_ss_bf16<kTransA ? 1 : 0>(d, wgmma_desc_sw128(a + part * a_lo, kAPanel), bd);
+      wgmma_ss_bf16<kTransA ? 1 : 0>(d, wgmma_desc_advance(ad, part * a_lo), bd);
   }
   wgmma_commit();
   wgmma_wait_all();
@@ -688,7 +705,10 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
         h0, h1, l0, l1);
   };
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // The warp index through a shuffle from lane 0: the compiler then knows it is warp-uniform and
+  // keeps what derives from it (the wgmma descriptors above all) in uniform registers: the scan
+  // is issue-bound, and this saves 4-8% (w47).
+  const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(~0u, tid >> 5, 0);
   const int g = lane >> 2, t4 = lane & 3;
   const int V = p.V, nslices = V / VS;
   const ScanTile blk = scan_tile(p, KD, V, VS);
@@ -1038,7 +1058,8 @@ cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const cha
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e != cudaSuccess) return e;
   const int64_t blocks = int64_t(p.N) * p.HV * (p.V / VS);
-  kern<<<dim3(unsigned(blocks)), wy_scan_threads<E>(), size_t(bytes), stream>>>(p, ws, kmap, qmap, vmap);
+  kern<<<dim3(unsigned(blocks)), wy_scan_threads<E>(), size_t(bytes), stream>>>(p, ws, kmap, qmap,
+                                                                                vmap);
   return cudaGetLastError();
 }
 

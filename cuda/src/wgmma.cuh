@@ -37,6 +37,13 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* p, uint32_t lbo
          (uint64_t(1) << 62);
 }
 
+/// The descriptor of the tile bytes bytes after desc's (bytes a multiple of 16): the start
+/// address field holds address >> 4 in 14 bits, and shared addresses stay below 2^18, so the sum
+/// never carries out of the field.
+__device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t desc, int bytes) {
+  return desc + uint64_t(uint32_t(bytes) >> 4);
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
