@@ -30,6 +30,10 @@ if [[ ${1:-} == stage ]]; then
            bench/kla_bench_cuda; do
     cp "$BUILD/$b" "$DIST/" && strip "$DIST/$(basename "$b")"
   done
+  # The wgmma latency diagnostic exists where the build has an sm_90a image (bench/CMakeLists.txt).
+  if cmake --build "$BUILD" --target kla_wgmma_latency >/dev/null 2>&1; then
+    cp "$BUILD/bench/kla_wgmma_latency" "$DIST/" && strip "$DIST/kla_wgmma_latency"
+  fi
   cp -P "$BUILD"/cuda/libkla_cuda.so* "$DIST/"
   strip "$DIST"/libkla_cuda.so.*.*.* 2>/dev/null || true
   # libbenchmark is shared-only here (Debian); it travels under its soname.
@@ -99,6 +103,9 @@ fi
 # The medians as Markdown tables in bench.md (printed below); 77: no GPU, as the examples.
 run bench 300 "$DIST/kla_bench_cuda" --kla_no_gpu_exit_code=77 --kla_summary="$OUTDIR/bench.md" \
   --benchmark_out="$OUTDIR/kla_bench_cuda.json" --benchmark_out_format=json
+
+# Cycles of the scan's product shapes on one multiprocessor (docs/prefill_notes.md, session 9).
+[[ -x $DIST/kla_wgmma_latency ]] && run wgmma_latency 60 "$DIST/kla_wgmma_latency"
 
 {
   echo

@@ -65,11 +65,11 @@ kla::kernels::KernelParams translate(const kla_params& p) {
   const bool packed = p.cu_seqlens != nullptr;
   const int64_t image =
       kla::detail::wy_image_bytes(p.head_dim_k, kla::detail::wy_needs_images(p.dtype, p.fp32_math));
-  k.ws_images = p.workspace && image > 0
-                    ? static_cast<char*>(p.workspace) +
-                          kla::detail::fast_chunk_slots(k.N, k.T, packed) * k.HV *
-                              kla::detail::ws_record_bytes(p.head_dim_k, p.head_dim_v)
-                    : nullptr;
+  k.ws_images =
+      p.workspace && image > 0
+          ? static_cast<char*>(p.workspace) +
+                kla::detail::ws_records_bytes(k.N, k.T, packed, k.HV, p.head_dim_k, p.head_dim_v)
+          : nullptr;
   return k;
 }
 

@@ -153,12 +153,6 @@ __device__ __forceinline__ void load_rows_async(E* dst, int DP, const E* src, in
 
 // ---- pass 1: per-chunk preparation ----------------------------------------------------------
 
-/// fp16 / fp32: the chunk's K and Q tiles (raw in shared memory, pitch KP, rows past the chunk
-/// zero) as the scan's wgmma A operands, split into bf16 hi + lo: a K image then a Q image at dst
-/// (workspace.hpp), each 64-column panel as its hi panel then its lo panel, 64 rows x 128 B with
-/// the 128-byte swizzle (16-byte piece c of row r at c ^ r % 8), columns past KD zero. fp16
-/// values are exact in hi + lo; fp32 keep 16 significant bits (relative error <= 2^-17). Piece
-/// order: 8 consecutive threads fill one 128-byte line. Called by all kWyThreads threads.
 /// Chunk slot `slot`'s K image (its Q image follows) for key head h in the workspace
 /// (workspace.hpp; images of KD-column tiles).
 template <int KD>
@@ -166,6 +160,12 @@ __device__ __forceinline__ char* wy_image_pair(const KernelParams& p, int64_t sl
   return p.ws_images + (slot * p.H + h) * (2 * kla::detail::wy_image_bytes(KD, true));
 }
 
+/// fp16 / fp32: the chunk's K and Q tiles (raw in shared memory, pitch KP, rows past the chunk
+/// zero) as the scan's wgmma A operands, split into bf16 hi + lo: a K image then a Q image at dst
+/// (workspace.hpp), each 64-column panel as its hi panel then its lo panel, 64 rows x 128 B with
+/// the 128-byte swizzle (16-byte piece c of row r at c ^ r % 8), columns past KD zero. fp16
+/// values are exact in hi + lo; fp32 keep 16 significant bits (relative error <= 2^-17). Piece
+/// order: 8 consecutive threads fill one 128-byte line. Called by all kWyThreads threads.
 template <class E, int KD>
 __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP, char* dst) {
   constexpr int kPanels = (KD + 63) / 64, kPieces = kFC * kPanels * 8, kPanel = kFC * 128;

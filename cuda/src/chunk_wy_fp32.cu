@@ -1,5 +1,5 @@
-// WY chunkwise path (fp32): prep + scan kernels for K in {64, 128} (the K / Q tiles split in place
-// into bf16 hi + lo by whole 64-column panels).
+// WY chunkwise path (fp32 with fp32_math FAST): prep + scan kernels for K in {64, 96, 128}; the
+// prep writes the K / Q tiles' bf16 hi + lo images that the scan reads.
 #include "chunk_wy.cuh"
 
 namespace kla::kernels {

@@ -318,16 +318,20 @@ size_t kla_workspace_size(const kla_params* p) {
   const int64_t H = p->num_heads > 0 ? p->num_heads : p->num_v_heads;
   if (N <= 0 || N > INT32_MAX || p->num_v_heads > INT32_MAX || H > p->num_v_heads) return 0;
   const int64_t slots = kla::detail::fast_chunk_slots(N, p->seq_len, packed);
-  const int64_t record = kla::detail::ws_record_bytes(K, V);
   const int64_t image =
       dims_set ? kla::detail::wy_image_bytes(
                      K, kla::detail::wy_needs_images(kla::detail::enum_bits(p->dtype),
                                                      kla::detail::enum_bits(p->fp32_math)))
                : kla::detail::wy_image_bytes(128, true);
+  // The records, then one K and one Q image per (chunk slot, key head); checked in double
+  // first so the int64 products below cannot overflow.
   const double total =
-      double(slots) * (double(p->num_v_heads) * double(record) + 2.0 * double(H) * double(image));
+      double(slots) * (double(p->num_v_heads) * double(kla::detail::ws_record_bytes(K, V)) +
+                       2.0 * double(H) * double(image));
   if (total > 9.0e18) return 0;
-  return static_cast<size_t>(slots * (p->num_v_heads * record + 2 * H * image));
+  return static_cast<size_t>(
+      kla::detail::ws_records_bytes(N, p->seq_len, packed, p->num_v_heads, K, V) +
+      slots * 2 * H * image);
 }
 
 const char* kla_status_string(kla_status status) {

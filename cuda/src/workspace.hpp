@@ -53,5 +53,10 @@ constexpr int64_t wy_image_bytes(int64_t K, bool images) {
 inline int64_t fast_chunk_slots(int64_t N, int64_t T, bool packed) {
   return packed ? T / kFastChunk + N : N * ((T + kFastChunk - 1) / kFastChunk);
 }
+/// Bytes of all records, slots * HV of them: the offset at which the K / Q images begin.
+inline int64_t ws_records_bytes(int64_t N, int64_t T, bool packed, int64_t HV, int64_t K,
+                                int64_t V) {
+  return fast_chunk_slots(N, T, packed) * HV * ws_record_bytes(K, V);
+}
 
 }  // namespace kla::detail

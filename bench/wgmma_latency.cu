@@ -1,0 +1,155 @@
+// Latency of the WY scan's product shapes on one multiprocessor (sm_90a), in isolation: how many
+// cycles a warpgroup waits from the first wgmma of a product to its results, alone and with
+// other warpgroups issuing at the same time, and an mma.sync chain of the same k-steps for
+// comparison. A diagnostic for docs/prefill_notes.md (session 9, w50), built as
+// kla_wgmma_latency where the build has an sm_90a image; it needs a compute capability 9.0 GPU
+// (elsewhere it says so and exits 0).
+//
+// Operands are zeros in 128-byte-swizzled tiles (values do not change the timing); one block,
+// cycles by clock64 around each product (fence, wgmma chain, commit, wait), mean over 512
+// products after 32 warm-up ones, printed for the first warp of each warpgroup.
+#include <cstdio>
+
+#include "wgmma.cuh"
+
+using namespace kla::kernels;
+
+namespace {
+
+constexpr int kIters = 512, kWarm = 32;
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/// One product of the scan's shape: KSTEPS k-steps of m64nNk16 into one accumulator, A K-major
+/// (or M-major, kTransA: the K^T of step C) from a, B K-major from b.
+template <int N, int KSTEPS, bool kTransA>
+__device__ long long timed_product(const char* a, const char* b, float& sink) {
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  const long long t0 = clock64();
+  wgmma_reg_fence(d);
+  wgmma_fence();
+  const uint64_t ad0 = wgmma_desc_sw128(a, kTransA ? 8192 : 16), bd0 = wgmma_desc_sw128(b);
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ++ks)
+    wgmma_ss_bf16<kTransA ? 1 : 0>(
+        d, wgmma_desc_advance(ad0, kTransA ? ks * 2048 : (ks >> 2) * 8192 + (ks & 3) * 32),
+        wgmma_desc_advance(bd0, (ks >> 2) * N * 128 + (ks & 3) * 32));
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_reg_fence(d);
+  const long long t1 = clock64();
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sink += d[i];
+  return t1 - t0;
+}
+
+/// An mma.sync chain per warp: KSTEPS k-steps of 16 rows x NT 8-column tiles, A and B by
+/// ldmatrix from shared memory (the step-A product on mma.sync).
+template <int NT, int KSTEPS>
+__device__ long long timed_mma_chain(const char* a, const char* b, float& sink) {
+  const int lane = threadIdx.x & 31;
+  float d[NT][4] = {};
+  const long long t0 = clock64();
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ++ks) {
+    uint32_t af[4];
+    ldsm4(af, a + ks * 512 + lane * 16);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t bf[4];
+      ldsm4_t(bf, b + (ks * NT / 2 + np) * 512 + lane * 16);
+      mma_bf16(d[2 * np], af, bf[0], bf[1]);
+      mma_bf16(d[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) asm volatile("" : "+f"(d[j][0]), "+f"(d[j][3])::"memory");
+  const long long t1 = clock64();
+#pragma unroll
+  for (int j = 0; j < NT; ++j) sink += d[j][0] + d[j][3];
+  return t1 - t0;
+}
+
+#endif
+
+/// Mode m, warpgroup wg: which product the warpgroup times (0: none).
+__device__ int product_of(int mode, int wg) {
+  switch (mode) {
+    case 0: return wg == 0 ? 1 : 0;  // step A (VS = 16) alone
+    case 1: return wg == 0 ? 2 : 0;  // step A (VS = 32) / Q S (VS = 16) alone
+    case 2: return wg == 0 ? 3 : 0;  // step C (K^T X, VS = 16) alone
+    case 3: return wg < 2 ? 1 : 0;   // step A on two warpgroups at once
+    case 4: return wg < 2 ? 1 : 2;   // step A on two + Q S on a third, at once
+    case 5: return wg < 2 ? 3 : 0;   // step C on two warpgroups at once
+    case 6: return wg == 0 ? 4 : 0;  // step A on mma.sync, one warpgroup
+    default: return wg < 2 ? 4 : 0;  // step A on mma.sync, two warpgroups
+  }
+}
+
+__global__ void latency_kernel(int mode, long long* out, float* sink_out) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  for (int i = threadIdx.x; i < 96 * 1024 / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+  fence_proxy_async_shared();
+  __syncthreads();
+  const int wg = threadIdx.x / 128, prod = product_of(mode, wg);
+  // A tiles (16 KB) at 0 / 16 KB, B tiles at 64 KB + 8 KB per warpgroup.
+  const char* a = smem + (wg & 1) * 16384;
+  const char* b = smem + 65536 + wg * 8192;
+  float sink = 0.f;
+  long long total = 0;
+  for (int it = 0; it < kWarm + kIters; ++it) {
+    long long c = 0;
+    if (prod == 1) c = timed_product<16, 8, false>(a, b, sink);
+    if (prod == 2) c = timed_product<32, 8, false>(a, b, sink);
+    if (prod == 3) c = timed_product<32, 4, true>(a, b, sink);
+    if (prod == 4) c = timed_mma_chain<4, 8>(a, b, sink);
+    if (it >= kWarm) total += c;
+    __syncthreads();
+  }
+  if (threadIdx.x % 128 == 0) out[wg] = prod ? total / kIters : -1;
+  if (sink != 0.f) *sink_out = sink;  // keeps the products
+#else
+  (void)mode, (void)out, (void)sink_out;
+#endif
+}
+
+}  // namespace
+
+int main() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+      major != 9 || minor != 0) {
+    std::printf("kla_wgmma_latency: needs a compute capability 9.0 GPU (sm_90a); none here\n");
+    return 0;
+  }
+  const char* names[] = {"step A (m64n16k16 x 8), one warpgroup",
+                         "m64n32k16 x 8 (step A at VS = 32, Q S at VS = 16), one warpgroup",
+                         "step C (m64n32k16 x 4, K^T from shared), one warpgroup",
+                         "step A on two warpgroups at once",
+                         "step A on two warpgroups + Q S (n32 x 8) on a third",
+                         "step C on two warpgroups at once",
+                         "step A on mma.sync (8 k-steps x 4 tiles a warp), one warpgroup",
+                         "step A on mma.sync, two warpgroups"};
+  long long* out;
+  float* sink;
+  cudaMalloc(&out, 4 * sizeof(long long));
+  cudaMalloc(&sink, sizeof(float));
+  cudaFuncSetAttribute(latency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
+  for (int mode = 0; mode < 8; ++mode) {
+    latency_kernel<<<1, 384, 96 * 1024>>>(mode, out, sink);
+    long long h[4] = {};
+    if (cudaGetLastError() != cudaSuccess ||
+        cudaMemcpy(h, out, 3 * sizeof(long long), cudaMemcpyDeviceToHost) != cudaSuccess) {
+      std::printf("mode %d: %s\n", mode, cudaGetErrorString(cudaGetLastError()));
+      return 1;
+    }
+    std::printf("%-66s cycles a product, warpgroups 0/1/2: %lld / %lld / %lld\n", names[mode], h[0],
+                h[1], h[2]);
+  }
+  return 0;
+}
