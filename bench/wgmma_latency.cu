@@ -1,7 +1,8 @@
 // Latency of the WY scan's product shapes on one multiprocessor (sm_90a), in isolation: how many
 // cycles a warpgroup waits from the first wgmma of a product to its results, alone and with
-// other warpgroups issuing at the same time, and an mma.sync chain of the same k-steps for
-// comparison. A diagnostic for docs/prefill_notes.md (session 9, w50), built as
+// other warpgroups issuing at the same time, an mma.sync chain of the same k-steps for
+// comparison, and step A transposed (the state as the register A operand, 64 value columns) as
+// a candidate design. A diagnostic for docs/prefill_notes.md (session 9, w50), built as
 // kla_wgmma_latency where the build has an sm_90a image; it needs a compute capability 9.0 GPU
 // (elsewhere it says so and exits 0).
 //
@@ -44,6 +45,49 @@ __device__ long long timed_product(const char* a, const char* b, float& sink) {
   return t1 - t0;
 }
 
+/// D (64 x 64) += A (64 x 16 bf16, this thread's fragment in registers) B (K-major descriptor):
+/// the register-A form a transposed step A would take (S^T K^T, the state's value columns as M).
+__device__ __forceinline__ void wgmma_rs_bf16_n64(float (&d)[32], const uint32_t (&a)[4],
+                                                  uint64_t b) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
+      "25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+/// Step A transposed for 64 value columns: (K S)^T = S^T K^T, S^T's hi and lo fragments from
+/// registers (two products a k-step), the raw K tile as the K-major B operand (N = 64 tokens).
+__device__ long long timed_rs_product(const char* b, float& sink) {
+  float d[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[i] = 0.f;
+  const uint32_t ah[4] = {0x3f803f80u, 0, 0, 0}, al[4] = {0, 0, 0, 0};  // fixed fragments
+  const long long t0 = clock64();
+  wgmma_reg_fence(d);
+  wgmma_fence();
+  const uint64_t bd0 = wgmma_desc_sw128(b);
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const uint64_t bd = wgmma_desc_advance(bd0, (ks >> 2) * 64 * 128 + (ks & 3) * 32);
+    wgmma_rs_bf16_n64(d, ah, bd);
+    wgmma_rs_bf16_n64(d, al, bd);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_reg_fence(d);
+  const long long t1 = clock64();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sink += d[i];
+  return t1 - t0;
+}
+
 /// An mma.sync chain per warp: KSTEPS k-steps of 16 rows x NT 8-column tiles, A and B by
 /// ldmatrix from shared memory (the step-A product on mma.sync).
 template <int NT, int KSTEPS>
@@ -83,7 +127,9 @@ __device__ int product_of(int mode, int wg) {
     case 4: return wg < 2 ? 1 : 2;   // step A on two + Q S on a third, at once
     case 5: return wg < 2 ? 3 : 0;   // step C on two warpgroups at once
     case 6: return wg == 0 ? 4 : 0;  // step A on mma.sync, one warpgroup
-    default: return wg < 2 ? 4 : 0;  // step A on mma.sync, two warpgroups
+    case 7: return wg < 2 ? 4 : 0;   // step A on mma.sync, two warpgroups
+    case 8: return wg == 0 ? 5 : 0;  // S^T K^T for 64 columns, A from registers
+    default: return wg < 2 ? 5 : 0;  // the same on two warpgroups
   }
 }
 
@@ -106,6 +152,7 @@ __global__ void latency_kernel(int mode, long long* out, float* sink_out) {
     if (prod == 2) c = timed_product<32, 8, false>(a, b, sink);
     if (prod == 3) c = timed_product<32, 4, true>(a, b, sink);
     if (prod == 4) c = timed_mma_chain<4, 8>(a, b, sink);
+    if (prod == 5) c = timed_rs_product(a, sink);
     if (it >= kWarm) total += c;
     __syncthreads();
   }
@@ -134,13 +181,15 @@ int main() {
                          "step A on two warpgroups + Q S (n32 x 8) on a third",
                          "step C on two warpgroups at once",
                          "step A on mma.sync (8 k-steps x 4 tiles a warp), one warpgroup",
-                         "step A on mma.sync, two warpgroups"};
+                         "step A on mma.sync, two warpgroups",
+                         "S^T K^T, 64 columns (A hi + lo in registers, m64n64k16 x 16), one wg",
+                         "S^T K^T, 64 columns, two warpgroups"};
   long long* out;
   float* sink;
   cudaMalloc(&out, 4 * sizeof(long long));
   cudaMalloc(&sink, sizeof(float));
   cudaFuncSetAttribute(latency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
-  for (int mode = 0; mode < 8; ++mode) {
+  for (int mode = 0; mode < 10; ++mode) {
     latency_kernel<<<1, 384, 96 * 1024>>>(mode, out, sink);
     long long h[4] = {};
     if (cudaGetLastError() != cudaSuccess ||
