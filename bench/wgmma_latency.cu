@@ -10,6 +10,7 @@
 // cycles by clock64 around each product (fence, wgmma chain, commit, wait), mean over 512
 // products after 32 warm-up ones, printed for the first warp of each warpgroup.
 #include <cstdio>
+#include <iterator>
 
 #include "wgmma.cuh"
 
@@ -189,12 +190,13 @@ int main() {
   cudaMalloc(&out, 4 * sizeof(long long));
   cudaMalloc(&sink, sizeof(float));
   cudaFuncSetAttribute(latency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
-  for (int mode = 0; mode < 10; ++mode) {
+  for (int mode = 0; mode < int(std::size(names)); ++mode) {
     latency_kernel<<<1, 384, 96 * 1024>>>(mode, out, sink);
     long long h[4] = {};
-    if (cudaGetLastError() != cudaSuccess ||
-        cudaMemcpy(h, out, 3 * sizeof(long long), cudaMemcpyDeviceToHost) != cudaSuccess) {
-      std::printf("mode %d: %s\n", mode, cudaGetErrorString(cudaGetLastError()));
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(h, out, 3 * sizeof(long long), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+      std::printf("mode %d: %s\n", mode, cudaGetErrorString(e));
       return 1;
     }
     std::printf("%-66s cycles a product, warpgroups 0/1/2: %lld / %lld / %lld\n", names[mode], h[0],

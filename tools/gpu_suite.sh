@@ -23,17 +23,13 @@ if [[ ${1:-} == stage ]]; then
   cd "$ROOT"
   cmake --preset gpu -B "$BUILD" -DKLA_BUILD_BENCH=ON >/dev/null
   cmake --build "$BUILD" --target kla_cuda test_cuda_validate test_cuda_kernels test_cuda_props \
-    test_cuda_accuracy kla_example_c kla_example_cpp kla_bench_cuda
+    test_cuda_accuracy kla_example_c kla_example_cpp kla_bench_cuda kla_wgmma_latency
   rm -rf "$DIST" && mkdir -p "$DIST"
   for b in tests/cuda/test_cuda_validate tests/cuda/test_cuda_kernels tests/cuda/test_cuda_props \
            tests/cuda/test_cuda_accuracy tests/cuda/kla_example_c tests/cuda/kla_example_cpp \
-           bench/kla_bench_cuda; do
+           bench/kla_bench_cuda bench/kla_wgmma_latency; do
     cp "$BUILD/$b" "$DIST/" && strip "$DIST/$(basename "$b")"
   done
-  # The wgmma latency diagnostic exists where the build has an sm_90a image (bench/CMakeLists.txt).
-  if cmake --build "$BUILD" --target kla_wgmma_latency >/dev/null 2>&1; then
-    cp "$BUILD/bench/kla_wgmma_latency" "$DIST/" && strip "$DIST/kla_wgmma_latency"
-  fi
   cp -P "$BUILD"/cuda/libkla_cuda.so* "$DIST/"
   strip "$DIST"/libkla_cuda.so.*.*.* 2>/dev/null || true
   # libbenchmark is shared-only here (Debian); it travels under its soname.
@@ -105,7 +101,7 @@ run bench 300 "$DIST/kla_bench_cuda" --kla_no_gpu_exit_code=77 --kla_summary="$O
   --benchmark_out="$OUTDIR/kla_bench_cuda.json" --benchmark_out_format=json
 
 # Cycles of the scan's product shapes on one multiprocessor (docs/prefill_notes.md, session 9).
-[[ -x $DIST/kla_wgmma_latency ]] && run wgmma_latency 60 "$DIST/kla_wgmma_latency"
+run wgmma_latency 60 "$DIST/kla_wgmma_latency"
 
 {
   echo

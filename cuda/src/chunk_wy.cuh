@@ -564,7 +564,7 @@ __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_
 /// triangles, wy_packed_offset: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP], NT tiles from
 /// column n0).
 /// mi must be warp-uniform: each row block has its own fully unrolled body (offsets fold into
-/// the instructions: the scan is issue-bound, w48).
+/// the instructions: fewer issued instructions, w48).
 template <int NT, int SP>
 __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char* Al,
                                                       const __nv_bfloat16* Bh,
@@ -611,11 +611,10 @@ __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, 
   wgmma_reg_fence(d);
   wgmma_fence();
   // The descriptors of k-step 0; every later k-step (and A's lo part) starts a fixed number of
-  // bytes further, added to the start-address field (wgmma_desc_advance): the scan is
-  // issue-bound, and rebuilding each descriptor from its address cost ~10 instructions a
-  // k-step (w47). kTransA: rows = tile columns m0.. (panel m0 / 64), k = tile rows 16 ks..
-  // (8-row groups 1024 B apart); else rows = tile rows m0.., k = tile columns 16 ks.. (panel
-  // ks / 4).
+  // bytes further, added to the start-address field (wgmma_desc_advance): rebuilding each
+  // descriptor from its address cost ~10 instructions a k-step (w47). kTransA: rows = tile columns
+  // m0.. (panel m0 / 64), k = tile rows 16 ks.. (8-row groups 1024 B apart); else rows = tile rows
+  // m0.., k = tile columns 16 ks.. (panel ks / 4).
   const uint64_t bd0 = wgmma_desc_sw128(B);
   const uint64_t ad0 = wgmma_desc_sw128(kTransA ? A + (m0 >> 6) * kAPanel : A + m0 * 128, kAPanel);
 #pragma unroll
@@ -706,8 +705,8 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
   };
 
   // The warp index through a shuffle from lane 0: the compiler then knows it is warp-uniform and
-  // keeps what derives from it (the wgmma descriptors above all) in uniform registers: the scan
-  // is issue-bound, and this saves 4-8% (w47).
+  // keeps what derives from it (the wgmma descriptors above all) in uniform registers, which
+  // saved 4-8% (w47).
   const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(~0u, tid >> 5, 0);
   const int g = lane >> 2, t4 = lane & 3;
   const int V = p.V, nslices = V / VS;
