@@ -46,30 +46,50 @@ __device__ long long timed_product(const char* a, const char* b, float& sink) {
   return t1 - t0;
 }
 
-/// D (64 x 64) += A (64 x 16 bf16, this thread's fragment in registers) B (K-major descriptor):
-/// the register-A form a transposed step A would take (S^T K^T, the state's value columns as M).
-__device__ __forceinline__ void wgmma_rs_bf16_n64(float (&d)[32], const uint32_t (&a)[4],
-                                                  uint64_t b) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
-      "25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+/// Step A transposed for 64 value columns: (K S)^T = S^T K^T, S^T's hi and lo fragments from
+/// registers (two products a k-step), the raw K tile as the K-major B operand (N = 64 tokens;
+/// N = 128: the tokens of K and Q). ah / al: this thread's fragments (fixed, or drawn from the
+/// thread index: the tensor cores' rate may depend on the values).
+template <int N>
+__device__ long long timed_rs_product(const char* b, const uint32_t (&ah)[4],
+                                      const uint32_t (&al)[4], float& sink) {
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  const long long t0 = clock64();
+  wgmma_reg_fence(d);
+  wgmma_fence();
+  const uint64_t bd0 = wgmma_desc_sw128(b);
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const uint64_t bd = wgmma_desc_advance(bd0, (ks >> 2) * N * 128 + (ks & 3) * 32);
+    wgmma_rs_bf16<0>(d, ah, bd);
+    wgmma_rs_bf16<0>(d, al, bd);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_reg_fence(d);
+  const long long t1 = clock64();
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sink += d[i];
+  return t1 - t0;
 }
 
-/// Step A transposed for 64 value columns: (K S)^T = S^T K^T, S^T's hi and lo fragments from
-/// registers (two products a k-step), the raw K tile as the K-major B operand (N = 64 tokens).
-__device__ long long timed_rs_product(const char* b, float& sink) {
+/// timed_rs_product with its own fragments each k-step (as a product of the state takes them):
+/// 8 k-steps x hi + lo, N = 64.
+__device__ long long timed_rs_product_distinct(const char* b, uint32_t seed, float& sink) {
   float d[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
-  const uint32_t ah[4] = {0x3f803f80u, 0, 0, 0}, al[4] = {0, 0, 0, 0};  // fixed fragments
+  uint32_t ah[8][4], al[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t x = (seed + 8 * ks + r) * 2654435761u;
+      ah[ks][r] = 0x3f803f80u | (x & 0x007f007fu);
+      al[ks][r] = 0x3b803b80u | ((x >> 8) & 0x007f007fu);
+    }
   const long long t0 = clock64();
   wgmma_reg_fence(d);
   wgmma_fence();
@@ -77,8 +97,8 @@ __device__ long long timed_rs_product(const char* b, float& sink) {
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
     const uint64_t bd = wgmma_desc_advance(bd0, (ks >> 2) * 64 * 128 + (ks & 3) * 32);
-    wgmma_rs_bf16_n64(d, ah, bd);
-    wgmma_rs_bf16_n64(d, al, bd);
+    wgmma_rs_bf16<0>(d, ah[ks], bd);
+    wgmma_rs_bf16<0>(d, al[ks], bd);
   }
   wgmma_commit();
   wgmma_wait_all();
@@ -121,24 +141,44 @@ __device__ long long timed_mma_chain(const char* a, const char* b, float& sink) 
 /// Mode m, warpgroup wg: which product the warpgroup times (0: none).
 __device__ int product_of(int mode, int wg) {
   switch (mode) {
-    case 0: return wg == 0 ? 1 : 0;  // step A (VS = 16) alone
-    case 1: return wg == 0 ? 2 : 0;  // step A (VS = 32) / Q S (VS = 16) alone
-    case 2: return wg == 0 ? 3 : 0;  // step C (K^T X, VS = 16) alone
-    case 3: return wg < 2 ? 1 : 0;   // step A on two warpgroups at once
-    case 4: return wg < 2 ? 1 : 2;   // step A on two + Q S on a third, at once
-    case 5: return wg < 2 ? 3 : 0;   // step C on two warpgroups at once
-    case 6: return wg == 0 ? 4 : 0;  // step A on mma.sync, one warpgroup
-    case 7: return wg < 2 ? 4 : 0;   // step A on mma.sync, two warpgroups
-    case 8: return wg == 0 ? 5 : 0;  // S^T K^T for 64 columns, A from registers
-    default: return wg < 2 ? 5 : 0;  // the same on two warpgroups
+    case 0: return wg == 0 ? 1 : 0;   // step A (VS = 16) alone
+    case 1: return wg == 0 ? 2 : 0;   // step A (VS = 32) / Q S (VS = 16) alone
+    case 2: return wg == 0 ? 3 : 0;   // step C (K^T X, VS = 16) alone
+    case 3: return wg < 2 ? 1 : 0;    // step A on two warpgroups at once
+    case 4: return wg < 2 ? 1 : 2;    // step A on two + Q S on a third, at once
+    case 5: return wg < 2 ? 3 : 0;    // step C on two warpgroups at once
+    case 6: return wg == 0 ? 4 : 0;   // step A on mma.sync, one warpgroup
+    case 7: return wg < 2 ? 4 : 0;    // step A on mma.sync, two warpgroups
+    case 8: return wg == 0 ? 5 : 0;   // S^T K^T for 64 columns, A from registers
+    case 9: return wg < 2 ? 5 : 0;    // the same on two warpgroups
+    case 10: return wg == 0 ? 5 : 0;  // mode 8 on random operands
+    case 11: return wg < 2 ? 5 : 0;   // mode 9 on random operands
+    case 12:
+    case 13: return wg == 0 ? 6 : 0;  // S^T [K^T | Q^T] (N = 128), random operands (13: every SM)
+    default: return wg == 0 ? 7 : 0;  // mode 10 with its own fragments each k-step
   }
 }
 
 __global__ void latency_kernel(int mode, long long* out, float* sink_out) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
+  // Zeros, or (modes 10-12) bf16 values in [1, 2) with random mantissas: the tensor cores may
+  // run faster on zeros.
+  const bool rnd = mode >= 10;
+  if (mode == 13) mode = 12;
+  auto draw = [](uint32_t x) {  // two bf16 in [1, 2)
+    x = x * 2654435761u ^ (x >> 13);
+    x *= 2246822519u;
+    return (0x3f80u | (x & 0x7fu)) | (0x3f80u | ((x >> 16) & 0x7fu)) << 16;
+  };
   for (int i = threadIdx.x; i < 96 * 1024 / 16; i += blockDim.x)
-    reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(smem)[i] =
+        rnd ? make_uint4(draw(4 * i), draw(4 * i + 1), draw(4 * i + 2), draw(4 * i + 3))
+            : make_uint4(0, 0, 0, 0);
+  uint32_t ah[4] = {0x3f803f80u, 0, 0, 0}, al[4] = {0, 0, 0, 0};  // fixed fragments
+  if (rnd)
+    for (int r = 0; r < 4; ++r)
+      ah[r] = draw(threadIdx.x * 8 + r), al[r] = draw(threadIdx.x * 8 + 4 + r) & 0xbfffbfffu;
   fence_proxy_async_shared();
   __syncthreads();
   const int wg = threadIdx.x / 128, prod = product_of(mode, wg);
@@ -153,11 +193,13 @@ __global__ void latency_kernel(int mode, long long* out, float* sink_out) {
     if (prod == 2) c = timed_product<32, 8, false>(a, b, sink);
     if (prod == 3) c = timed_product<32, 4, true>(a, b, sink);
     if (prod == 4) c = timed_mma_chain<4, 8>(a, b, sink);
-    if (prod == 5) c = timed_rs_product(a, sink);
+    if (prod == 5) c = timed_rs_product<64>(a, ah, al, sink);
+    if (prod == 6) c = timed_rs_product<128>(smem, ah, al, sink);
+    if (prod == 7) c = timed_rs_product_distinct(a, threadIdx.x * 64 + it, sink);
     if (it >= kWarm) total += c;
     __syncthreads();
   }
-  if (threadIdx.x % 128 == 0) out[wg] = prod ? total / kIters : -1;
+  if (blockIdx.x == 0 && threadIdx.x % 128 == 0) out[wg] = prod ? total / kIters : -1;
   if (sink != 0.f) *sink_out = sink;  // keeps the products
 #else
   (void)mode, (void)out, (void)sink_out;
@@ -184,14 +226,21 @@ int main() {
                          "step A on mma.sync (8 k-steps x 4 tiles a warp), one warpgroup",
                          "step A on mma.sync, two warpgroups",
                          "S^T K^T, 64 columns (A hi + lo in registers, m64n64k16 x 16), one wg",
-                         "S^T K^T, 64 columns, two warpgroups"};
+                         "S^T K^T, 64 columns, two warpgroups",
+                         "S^T K^T, 64 columns, one wg, random operands",
+                         "S^T K^T, 64 columns, two warpgroups, random operands",
+                         "S^T [K^T | Q^T] (m64n128k16 x 16), one wg, random operands",
+                         "the same on every multiprocessor at once (block 0's cycles)",
+                         "S^T K^T, 64 columns, one wg, random, own fragments a k-step"};
   long long* out;
   float* sink;
   cudaMalloc(&out, 4 * sizeof(long long));
   cudaMalloc(&sink, sizeof(float));
   cudaFuncSetAttribute(latency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
   for (int mode = 0; mode < int(std::size(names)); ++mode) {
-    latency_kernel<<<1, 384, 96 * 1024>>>(mode, out, sink);
+    int sms = 1;
+    if (mode == 13) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    latency_kernel<<<sms, 384, 96 * 1024>>>(mode, out, sink);
     long long h[4] = {};
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = cudaMemcpy(h, out, 3 * sizeof(long long), cudaMemcpyDeviceToHost);

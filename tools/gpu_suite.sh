@@ -75,10 +75,12 @@ run kernels 400 "$DIST/test_cuda_kernels"
 run props 400 "$DIST/test_cuda_props"
 # The other chunkwise paths on the same GPU (docs/api.md, KLA_CHUNK_PATH): the WY scan with
 # 32-column slices (chosen only for many heads) and with 16 (small problems at K >= 96 take 8 by
-# default), and the sm_80-level TF32 path.
+# default), the transposed scan (wy64: bf16, 64-column slices), and the sm_80-level TF32 path.
 KLA_CHUNK_PATH=wy16 run kernels-wy16 400 "$DIST/test_cuda_kernels"
 KLA_CHUNK_PATH=wy32 run kernels-wy32 400 "$DIST/test_cuda_kernels"
 KLA_CHUNK_PATH=wy32 run props-wy32 400 "$DIST/test_cuda_props"
+KLA_CHUNK_PATH=wy64 run kernels-wy64 400 "$DIST/test_cuda_kernels"
+KLA_CHUNK_PATH=wy64 run props-wy64 400 "$DIST/test_cuda_props"
 KLA_CHUNK_PATH=portable run kernels-portable 400 "$DIST/test_cuda_kernels"
 KLA_CHUNK_PATH=portable run props-portable 400 "$DIST/test_cuda_props"
 KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
@@ -92,6 +94,10 @@ if command -v compute-sanitizer >/dev/null; then
   run initcheck 400 compute-sanitizer --tool initcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   KLA_CHUNK_PATH=wy32 run memcheck-wy32 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$DIST/test_cuda_kernels"
+  KLA_CHUNK_PATH=wy64 run memcheck-wy64 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$DIST/test_cuda_kernels"
+  KLA_CHUNK_PATH=wy64 run racecheck-wy64 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$DIST/test_cuda_kernels"
 else
   SUMMARY+=("| sanitizers             | compute-sanitizer not found |")

@@ -1002,6 +1002,366 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
 #endif
 }
 
+// ---- pass 2, transposed (bf16, KLA_CHUNK_PATH=wy64): the state as wgmma's register operand ----
+//
+// One block per (sequence, value head, 64 value columns). Its first warpgroup runs the chain with
+// the state held transposed, S^T (64 value rows x KD keys, fp32), in its wgmma accumulators, so
+// that every state product takes S^T (or R^T, X^T) as the A operand from registers and streams
+// only B from shared memory (prefill_notes.md, w50: in isolation 2.4x cheaper a value column than
+// the [token][column] scan's step A; in this kernel the products run ~3x slower than in
+// isolation, session 10). Each product runs as two independent m64n64 accumulator chains:
+//   (K S)^T = S^T K^T, (Q S)^T = S^T Q^T     m64n64k16 x KD / 16 k-steps x S^T hi, lo
+//   R^T = V^T diag(cu) - (K S)^T diag(cw)    (split hi + lo),  O^T = (Q S)^T diag(gamma qscale)
+//   X^T = (R^T T^T) diag(update),  O^T += R^T (P T)^T   m64n64k16 x 4, parts hi hi, hi lo, lo hi
+//   S^T <- gamma_C S^T + X^T K               per 64-key panel m64n64k16 x 4, K as MN-major B
+// The second warpgroup issues the copies (its first warp), lays the record's packed T and P T
+// triangles out as one K-major B tile [T; P T] (128 rows x 64 tokens, 128-byte swizzle) while
+// the chain forms R, and writes out the O tile the chain leaves in shared memory. Same record,
+// scalars and arithmetic as chunk_wy_scan_kernel (every product of split operands keeps hi hi +
+// hi lo + lo hi), in another order of summation.
+constexpr int kWyTThreads = 256, kWyTChainThreads = 128;
+// Named barriers: [T; P T] laid out (the helpers arrive, the chain waits); the chunk's O tile
+// in shared memory (the chain arrives, the helpers wait and write it out). Each warp waits at two
+// barriers a chunk (racecheck, see kWyBarPadRead).
+constexpr int kWyTBarTpt = 1, kWyTBarO = 2;
+
+/// One stage: record | K and Q, [KD / 64 panels][K's 64 rows | Q's 64 rows][128 B swizzled]
+/// (each panel one K-major B tile of 128 rows) | V's 64 columns [64 rows][128 B swizzled].
+template <int KD>
+__host__ __device__ constexpr int64_t wy_t_stage_bytes() {
+  return WyRecord::bytes + 2 * wy_tile_bytes<KD>() + int64_t(kFC) * 128;
+}
+/// Two stages, [T; P T] as hi and lo parts, the O tile [64 tokens][128 B swizzled], the two stage
+/// barriers.
+template <int KD>
+__host__ __device__ constexpr int64_t wy_t_smem_bytes() {
+  return 2 * wy_t_stage_bytes<KD>() + 2 * (2 * kFC * 128) + kFC * 128 + 2 * 8;
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/// Fragment (k-step ks, register r) of an m64nN accumulator d as a register A operand split into
+/// bf16 hi + lo: the pair (d[8 ks + 2 r], d[8 ks + 2 r + 1]) (wgmma.cuh), scaled by (sx, sy).
+template <int N>
+__device__ __forceinline__ void split_fragment(const float (&d)[N], int ks, int r, float sx,
+                                               float sy, uint32_t& hi, uint32_t& lo) {
+  split_bf16x2(sx * d[8 * ks + 2 * r], sy * d[8 * ks + 2 * r + 1], hi, lo);
+}
+#endif
+
+template <class E, int KD>
+__global__ void __launch_bounds__(kWyTThreads, 1)
+    chunk_wy_scan_transposed_kernel(const KernelParams p, const char* __restrict__ ws,
+                                    const __grid_constant__ CUtensorMap kmap,
+                                    const __grid_constant__ CUtensorMap qmap,
+                                    const __grid_constant__ CUtensorMap vmap) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(std::is_same_v<E, __nv_bfloat16>, "raw bf16 K / Q / V tiles as wgmma operands");
+  using R = WyRecord;
+  constexpr int C = kFC, VS = 64, kPanels = (KD + 63) / 64, KS = KD / 16;
+  constexpr int kPanelKQ = 2 * C * 128,
+                kTpt = 2 * C * 128;  // bytes: a K | Q panel, a [T; P T] part
+  constexpr int64_t kStage = wy_t_stage_bytes<KD>();
+  static_assert(R::bytes % 1024 == 0 && kStage % 1024 == 0, "swizzled tiles need 1024 B alignment");
+  extern __shared__ __align__(1024) char smem[];
+  auto st_rec = [&](int st) { return smem + st * kStage; };
+  auto st_kq = [&](int st) { return smem + st * kStage + R::bytes; };
+  auto st_v = [&](int st) { return smem + st * kStage + R::bytes + kPanels * kPanelKQ; };
+  char* tpt = smem + 2 * kStage;  // [T; P T] hi part, then lo part
+  char* otile = tpt + 2 * kTpt;   // O, [token][64 columns], 16-byte piece c of row r at c ^ r % 8
+  auto* full = reinterpret_cast<uint64_t*>(otile + C * 128);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(~0u, tid >> 5, 0);
+  const int g = lane >> 2, t4 = lane & 3;
+  const int V = p.V, nslices = V / VS;
+  const ScanTile blk = scan_tile(p, KD, V, VS);
+  if (blk.slot.skip) return;  // pool index -1: nothing read, nothing written
+  const int slice = blk.slice, hv = blk.hv, n = blk.n, h = blk.h, c0 = blk.c0;
+  const StateSlot slot = blk.slot;
+  const SeqRange sr = blk.sr;
+  const int nch = int((sr.len + C - 1) / C);
+  const int64_t rec_bytes = p.ws_record_floats * 4;
+  const bool chain = warp < 4;
+
+  // The blocks of [T; P T] above the diagonal stay zero: each chunk writes only the packed
+  // triangles' blocks.
+  for (int i = tid; i < 2 * kTpt / 16; i += kWyTThreads)
+    reinterpret_cast<uint4*>(tpt)[i] = make_uint4(0, 0, 0, 0);
+  if (tid == 0) {
+    mbar_init(&full[0], 1);
+    mbar_init(&full[1], 1);
+  }
+  // S^T as one m64n64 accumulator a 64-key panel (two independent wgmma chains in the update):
+  // element 4 nb + 2 hr + e of panel pn is value column c0 + 16 w + g + 8 hr, key 64 pn + 8 nb +
+  // 2 t4 + e (keys past KD stay zero: their K columns are zero).
+  float sT[kPanels][32];
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int key = 64 * pn + 8 * (i >> 2) + 2 * t4 + (i & 1),
+                col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
+      sT[pn][i] = chain && slot.in && key < KD ? slot.in[int64_t(key) * V + col] : 0.f;
+    }
+  fence_proxy_async_shared();  // the zeroed [T; P T] for the tensor cores
+  __syncthreads();
+
+  constexpr int kAhead = 3;
+  auto issue = [&](int st, int ch) {
+    const char* rec = ws + (chunk_slot(p, n, sr, ch) * p.HV + hv) * rec_bytes;
+    mbar_expect_tx(&full[st], unsigned(R::bytes + kPanels * kPanelKQ + C * 128));
+    bulk_load(st_rec(st), rec, unsigned(R::bytes), &full[st]);
+    const int t0 = int(sr.t0 + int64_t(ch) * C);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      tile_load(st_kq(st) + pn * kPanelKQ, &kmap, pn * 64, t0, h, int(sr.b), &full[st]);
+      tile_load(st_kq(st) + pn * kPanelKQ + C * 128, &qmap, pn * 64, t0, h, int(sr.b), &full[st]);
+    }
+    tile_load(st_v(st), &vmap, c0, t0, hv, int(sr.b), &full[st]);
+  };
+  // L2 prefetch of chunk cf's record and K / Q rows, each slice of the head a share of the lines.
+  auto prefetch_l2 = [&](int cf) {
+    const char* rf = ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes;
+    for (int l = slice + nslices * lane; l < int(R::bytes / 128); l += nslices * 32)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(rf + l * 128));
+    const int64_t tf = sr.t0 + int64_t(cf) * C;
+    const int rows = int(sr.len - int64_t(cf) * C < C ? sr.len - int64_t(cf) * C : C);
+    constexpr int lpr = (KD * 2 + 127) / 128;  // lines per row
+    for (int l = slice + nslices * lane; l < 2 * rows * lpr; l += nslices * 32) {
+      const int q = l / (rows * lpr), rem = l % (rows * lpr);
+      const E* base = q ? static_cast<const E*>(p.q) + sr.b * p.qs[0] + (tf + rem / lpr) * p.qs[1] +
+                              int64_t(h) * p.qs[2]
+                        : static_cast<const E*>(p.k) + sr.b * p.ks[0] + (tf + rem / lpr) * p.ks[1] +
+                              int64_t(h) * p.ks[2];
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(base) +
+                                                    (rem % lpr) * 128));
+    }
+  };
+  if (warp == 4) {
+    for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
+    if (nch > 0 && lane == 0) issue(0, 0);
+  }
+  E* obase = static_cast<E*>(p.o) + sr.b * p.os[0] + int64_t(hv) * p.os[2] + c0;
+
+#ifdef KLA_WY_PROFILE
+  const bool prof_on = blockIdx.x == 0 && tid == 0;
+  long long prof[8] = {}, prof_t = clock64();
+#endif
+  for (int ch = 0; ch < nch; ++ch) {
+    const int st = ch & 1;
+    const int64_t cs0 = int64_t(ch) * C;
+    const int L = int(sr.len - cs0 < C ? sr.len - cs0 : C);
+    mbar_wait(&full[st], unsigned(ch >> 1) & 1u);
+    KLA_WY_MARK(0);
+    // A last chunk: key rows past the sequence end may hold the next sequence's tokens; zero
+    // them (K enters K S and S's update; query rows there reach only outputs not written).
+    if (L < C && chain) {
+      for (int idx = tid; idx < kPanels * (C - L) * 8; idx += kWyTChainThreads) {
+        const int pn = idx / ((C - L) * 8), rem = idx % ((C - L) * 8);
+        reinterpret_cast<uint4*>(st_kq(st) + pn * kPanelKQ + (L + rem / 8) * 128)[rem % 8] =
+            make_uint4(0, 0, 0, 0);
+      }
+      fence_proxy_async_shared();
+    }
+    // Chunk ch's stage visible to all; every read of the other stage and of [T; P T] is done.
+    __syncthreads();
+    KLA_WY_MARK(1);
+    const char* rec = st_rec(st);
+    const float* sc = reinterpret_cast<const float*>(rec + R::sc);
+    if (!chain) {
+      if (warp == 4) {
+        if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
+        if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
+      }
+      // [T; P T] from the packed triangles: 16-byte piece r of part q (T hi, T lo, P T hi,
+      // P T lo) is 8 columns j0.. of row i (wy_packed_offset), row i (T) or 64 + i (P T) of the
+      // tile, 16-byte piece j0 / 8 ^ row % 8 of it.
+      for (int q = tid - kWyTChainThreads; q < 4 * int(R::tile / 16);
+           q += kWyTThreads - kWyTChainThreads) {
+        const int part = q / int(R::tile / 16), r = q % int(R::tile / 16);
+        const int b = r >> 5, m = (r >> 3) & 3, mi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
+        const int i = mi * 16 + (m & 1) * 8 + (r & 7),
+                  j0 = (b - mi * (mi + 1) / 2) * 16 + (m >> 1) * 8;
+        const int row = i + (part >> 1) * C;
+        *reinterpret_cast<uint4*>(tpt + (part & 1) * kTpt + row * 128 +
+                                  (((j0 >> 3) ^ (row & 7)) << 4)) =
+            *reinterpret_cast<const uint4*>(rec + part * R::tile + r * 16);
+      }
+      fence_proxy_async_shared();
+      named_bar_arrive(kWyTBarTpt, kWyTThreads);
+      // The chunk's O rows, 16 bytes a store (coalesced: 8 threads a row).
+      named_bar_sync(kWyTBarO, kWyTThreads);
+      E* orow = obase + (sr.t0 + cs0) * p.os[1];
+      for (int q = tid - kWyTChainThreads; q < C * 8; q += kWyTThreads - kWyTChainThreads) {
+        const int row = q >> 3, pc = q & 7;
+        if (row < L)
+          *reinterpret_cast<uint4*>(orow + row * p.os[1] + pc * 8) =
+              *reinterpret_cast<const uint4*>(otile + row * 128 + ((pc ^ (row & 7)) << 4));
+      }
+      continue;
+    }
+    // (K S)^T = S^T K^T and (Q S)^T = S^T Q^T, two independent accumulator chains issued in
+    // turn; S^T split as it enters (hi, then lo, each k-step).
+    float accK[32], accQ[32];
+    {
+      uint32_t ah[KS][4], al[KS][4];
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          split_fragment(sT[ks >> 2], ks & 3, r, 1.f, 1.f, ah[ks][r], al[ks][r]);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) accK[i] = accQ[i] = 0.f;
+      wgmma_reg_fence(accK);
+      wgmma_reg_fence(accQ);
+      wgmma_fence();
+      const uint64_t bd0 = wgmma_desc_sw128(st_kq(st));
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        const uint64_t bk = wgmma_desc_advance(bd0, (ks >> 2) * kPanelKQ + (ks & 3) * 32);
+        const uint64_t bq = wgmma_desc_advance(bk, C * 128);
+        wgmma_rs_bf16<0>(accK, ah[ks], bk);
+        wgmma_rs_bf16<0>(accQ, ah[ks], bq);
+        wgmma_rs_bf16<0>(accK, al[ks], bk);
+        wgmma_rs_bf16<0>(accQ, al[ks], bq);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_reg_fence(accK);
+      wgmma_reg_fence(accQ);
+    }
+    KLA_WY_MARK(2);
+    // R^T split as register A fragments (k-step = 16 tokens); V^T's pairs by transposing
+    // ldmatrix from the swizzled V tile (matrix r: tokens 16 ks + 8 (r / 2).., columns 16 w + 8 (r
+    // % 2)..; lane l addresses token row l % 8 of matrix l / 8).
+    uint32_t rh[4][4], rl[4][4];
+    float accO[32];
+    {
+      const char* vt = st_v(st);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint32_t vv[4];
+        const int mm = lane >> 3, i = 16 * ks + 8 * (mm >> 1) + (lane & 7),
+                  pc = 2 * warp + (mm & 1);
+        ldsm4_t(vv, vt + i * 128 + ((pc ^ (i & 7)) << 4));
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i0 = 16 * ks + 8 * (r >> 1) + 2 * t4;
+          const float2 cu = *reinterpret_cast<const float2*>(sc + kWyColU + i0);
+          const float2 cw = *reinterpret_cast<const float2*>(sc + kWyColW + i0);
+          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&vv[r]));
+          split_bf16x2(fmaf(cu.x, v.x, -cw.x * accK[8 * ks + 2 * r]),
+                       fmaf(cu.y, v.y, -cw.y * accK[8 * ks + 2 * r + 1]), rh[ks][r], rl[ks][r]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 32; ++i) accO[i] = sc[8 * (i >> 2) + 2 * t4 + (i & 1)] * accQ[i];
+    }
+    KLA_WY_MARK(3);
+    // X^T (before its update scale) = R^T T^T and O^T += R^T (P T)^T, two accumulator chains
+    // issued in turn.
+    float accX[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) accX[i] = 0.f;
+    named_bar_sync(kWyTBarTpt, kWyTThreads);  // [T; P T] laid out
+    wgmma_reg_fence(accX);
+    wgmma_reg_fence(accO);
+    wgmma_fence();
+    {
+      const uint64_t th = wgmma_desc_sw128(tpt), tl = wgmma_desc_sw128(tpt + kTpt);
+      // B: rows 0.. of the tile (T) or C.. (P T); parts hi hi, hi lo, lo hi each k-step.
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const int off = ks * 32, offp = C * 128 + ks * 32;
+        wgmma_rs_bf16<0>(accX, rh[ks], wgmma_desc_advance(th, off));
+        wgmma_rs_bf16<0>(accO, rh[ks], wgmma_desc_advance(th, offp));
+        wgmma_rs_bf16<0>(accX, rh[ks], wgmma_desc_advance(tl, off));
+        wgmma_rs_bf16<0>(accO, rh[ks], wgmma_desc_advance(tl, offp));
+        wgmma_rs_bf16<0>(accX, rl[ks], wgmma_desc_advance(th, off));
+        wgmma_rs_bf16<0>(accO, rl[ks], wgmma_desc_advance(th, offp));
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    wgmma_reg_fence(accX);
+    wgmma_reg_fence(accO);
+    KLA_WY_MARK(4);
+    // S^T <- gamma_C S^T + X^T K, X^T = U^T diag(update) split.
+    {
+      uint32_t xh[4][4], xl[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float2 u =
+              *reinterpret_cast<const float2*>(sc + kWyScUpd + 16 * ks + 8 * (r >> 1) + 2 * t4);
+          split_fragment(accX, ks, r, u.x, u.y, xh[ks][r], xl[ks][r]);
+        }
+      const float gend = sc[kWyGend];
+#pragma unroll
+      for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) sT[pn][i] *= gend;
+        wgmma_reg_fence(sT[pn]);
+      }
+      wgmma_fence();
+      // K as the MN-major B operand: k = tokens (16 rows, 2048 B, a k-step), n = the panel's 64
+      // keys; one accumulator chain a panel, issued in turn.
+      const uint64_t kd0 = wgmma_desc_sw128(st_kq(st));
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int part = 0; part < 2; ++part)
+#pragma unroll
+          for (int pn = 0; pn < kPanels; ++pn)
+            wgmma_rs_bf16<1>(sT[pn], part ? xl[ks] : xh[ks],
+                             wgmma_desc_advance(kd0, pn * kPanelKQ + ks * 2048));
+      wgmma_commit();
+      KLA_WY_MARK(5);
+      KLA_WY_MARK(6);
+      // O^T into the O tile by transposing stmatrix (8 x 8 block (nb, hr): tokens 8 nb..,
+      // columns 16 w + 8 hr..; lane l addresses token row l % 8 of block l / 8 of the four), for
+      // the helpers to write out: scattered 2-byte stores from here held the next chunk's wgmma
+      // back by ~1,800 cycles a chunk (prefill_notes.md, session 10).
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t r4[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int i = 4 * (2 * k + (m >> 1)) + 2 * (m & 1);
+          const __nv_bfloat162 pr = __floats2bfloat162_rn(accO[i], accO[i + 1]);
+          r4[m] = *reinterpret_cast<const uint32_t*>(&pr);
+        }
+        const int mm = lane >> 3, row = 8 * (2 * k + (mm >> 1)) + (lane & 7),
+                  pc = 2 * warp + (mm & 1);
+        stsm4_t(otile + row * 128 + ((pc ^ (row & 7)) << 4), r4[0], r4[1], r4[2], r4[3]);
+      }
+      named_bar_arrive(kWyTBarO, kWyTThreads);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int pn = 0; pn < kPanels; ++pn) wgmma_reg_fence(sT[pn]);
+      KLA_WY_MARK(7);
+    }
+  }
+#ifdef KLA_WY_PROFILE
+  if (prof_on)
+    printf(
+        "wy64 scan block 0 warp 0, cycles per chunk (%d chunks): wait %lld, barrier0 %lld, KS|QS "
+        "%lld, R %lld, X %lld, update issue %lld, O wait %lld, O store + update %lld\n",
+        nch, prof[0] / nch, prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch,
+        prof[5] / nch, prof[6] / nch, prof[7] / nch);
+#endif
+  if (chain && slot.out)
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int key = 64 * pn + 8 * (i >> 2) + 2 * t4 + (i & 1),
+                  col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
+        if (key < KD) slot.out[int64_t(key) * V + col] = sT[pn][i];
+      }
+#endif
+}
+
 /// The driver's tensor-map encoder (through the runtime: no libcuda link), or null.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -1062,6 +1422,22 @@ cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const cha
   return cudaGetLastError();
 }
 
+/// The transposed scan (bf16, KD a multiple of 64, V a multiple of 64): vmap is V's map with
+/// 64-column, 128-byte-swizzled boxes.
+template <class E, int KD>
+cudaError_t launch_scan_wy_transposed(const KernelParams& p, cudaStream_t stream, const char* ws,
+                                      const CUtensorMap& kmap, const CUtensorMap& qmap,
+                                      const CUtensorMap& vmap) {
+  constexpr int64_t bytes = wy_t_smem_bytes<KD>();
+  const auto kern = chunk_wy_scan_transposed_kernel<E, KD>;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (e != cudaSuccess) return e;
+  const int64_t blocks = int64_t(p.N) * p.HV * (p.V / 64);
+  kern<<<dim3(unsigned(blocks)), kWyTThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap, vmap);
+  return cudaGetLastError();
+}
+
 template <class E, int KD>
 cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int sms,
                                int64_t max_smem, int force_vs, bool& ran) {
@@ -1091,6 +1467,20 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
   if constexpr (KD >= 96)
     narrow = !wide && force_vs != 16 && wy_scan_smem_bytes<E, KD, 8>() <= max_smem &&
              (force_vs == 8 || int64_t(p.N) * p.HV * (p.V / 16) <= sms / 2);
+  // The transposed scan (64 value columns a block, the state as the register wgmma operand;
+  // KLA_CHUNK_PATH=wy64 forces it): its chunk step costs about what two 32-column steps cost, for
+  // a quarter of the blocks, so it pays only where its blocks still fill the multiprocessors
+  // (4 x 8192 x 16 and 8 x 4096 x 16: -8%; 1 x 32768 x 16: 2.2x slower; prefill_notes.md, session
+  // 10).
+  CUtensorMap vmap64{};
+  bool transposed = false;
+  if constexpr (std::is_same_v<E, __nv_bfloat16> && KD % 64 == 0)
+    transposed =
+        (force_vs == 64 || (force_vs == 0 && int64_t(p.N) * p.HV * (p.V / 64) >= sms - sms / 8)) &&
+        p.V % 64 == 0 && wy_t_smem_bytes<KD>() <= max_smem &&
+        reinterpret_cast<uintptr_t>(p.o) % 16 == 0 && p.os[0] % 8 == 0 && p.os[1] % 8 == 0 &&
+        p.os[2] % 8 == 0 &&  // 16-byte O stores
+        make_tile_map<E>(vmap64, p.v, p.vs, p, p.V, p.HV, 64, true);
   ran = true;
   cudaError_t e = cudaFuncSetAttribute(
       chunk_wy_prep_kernel<E, KD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep_bytes));
@@ -1099,6 +1489,8 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
   chunk_wy_prep_kernel<E, KD><<<dim3(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N)),
                                 kWyThreads, size_t(prep_bytes), stream>>>(p, ws);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  if constexpr (std::is_same_v<E, __nv_bfloat16> && KD % 64 == 0)
+    if (transposed) return launch_scan_wy_transposed<E, KD>(p, stream, ws, kmap, qmap, vmap64);
   if constexpr (KD >= 96)
     if (narrow) return launch_scan_wy<E, KD, 8>(p, stream, ws, kmap, qmap);
   return wide ? launch_scan_wy<E, KD, 32>(p, stream, ws, kmap, qmap)
