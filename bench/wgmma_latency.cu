@@ -109,6 +109,45 @@ __device__ long long timed_rs_product_distinct(const char* b, uint32_t seed, flo
   return t1 - t0;
 }
 
+/// The transposed scan's (K S)^T and (Q S)^T: two accumulator chains issued in turn (m64n64k16 x
+/// 8 k-steps x hi, lo each), B from the K rows and the Q rows of [K | Q] panels (16 KB a panel).
+__device__ long long timed_two_chains(const char* b, uint32_t seed, float& sink) {
+  float dk[32], dq[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dk[i] = dq[i] = 0.f;
+  uint32_t ah[8][4], al[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t x = (seed + 8 * ks + r) * 2654435761u;
+      ah[ks][r] = 0x3f803f80u | (x & 0x807f807fu);
+      al[ks][r] = 0x3b803b80u | ((x >> 8) & 0x007f007fu);
+    }
+  const long long t0 = clock64();
+  wgmma_reg_fence(dk);
+  wgmma_reg_fence(dq);
+  wgmma_fence();
+  const uint64_t bd0 = wgmma_desc_sw128(b);
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const uint64_t bk = wgmma_desc_advance(bd0, (ks >> 2) * 16384 + (ks & 3) * 32);
+    const uint64_t bq = wgmma_desc_advance(bk, 8192);
+    wgmma_rs_bf16<0>(dk, ah[ks], bk);
+    wgmma_rs_bf16<0>(dq, ah[ks], bq);
+    wgmma_rs_bf16<0>(dk, al[ks], bk);
+    wgmma_rs_bf16<0>(dq, al[ks], bq);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_reg_fence(dk);
+  wgmma_reg_fence(dq);
+  const long long t1 = clock64();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sink += dk[i] + dq[i];
+  return t1 - t0;
+}
+
 /// An mma.sync chain per warp: KSTEPS k-steps of 16 rows x NT 8-column tiles, A and B by
 /// ldmatrix from shared memory (the step-A product on mma.sync).
 template <int NT, int KSTEPS>
@@ -155,26 +194,39 @@ __device__ int product_of(int mode, int wg) {
     case 11: return wg < 2 ? 5 : 0;   // mode 9 on random operands
     case 12:
     case 13: return wg == 0 ? 6 : 0;  // S^T [K^T | Q^T] (N = 128), random operands (13: every SM)
-    default: return wg == 0 ? 7 : 0;  // mode 10 with its own fragments each k-step
+    case 14: return wg == 0 ? 7 : 0;  // mode 10 with its own fragments each k-step
+    default: return wg == 0 ? 8 : 0;  // the transposed scan's K S and Q S, two chains
   }
 }
 
-__global__ void latency_kernel(int mode, long long* out, float* sink_out) {
+__global__ void __launch_bounds__(384, 1)
+    latency_kernel(int mode, long long* out, float* sink_out) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
   // Zeros, or (modes 10-12) bf16 values in [1, 2) with random mantissas: the tensor cores may
   // run faster on zeros.
-  const bool rnd = mode >= 10;
+  const bool rnd = mode >= 10, wide = mode == 16;
   if (mode == 13) mode = 12;
   auto draw = [](uint32_t x) {  // two bf16 in [1, 2)
     x = x * 2654435761u ^ (x >> 13);
     x *= 2246822519u;
     return (0x3f80u | (x & 0x7fu)) | (0x3f80u | ((x >> 16) & 0x7fu)) << 16;
   };
+  // Random signs, exponents 2^-14..2^17 and mantissas (mode 16): as many bits toggling as real
+  // operands.
+  auto draw_wide = [](uint32_t x) {
+    x = x * 2654435761u ^ (x >> 13);
+    x *= 2246822519u;
+    x ^= x >> 16;
+    const uint32_t m = x & 0x807f807fu, e = ((x >> 7) & 0x1f001fu) + 0x700070u;
+    return m | (e << 7);
+  };
   for (int i = threadIdx.x; i < 96 * 1024 / 16; i += blockDim.x)
     reinterpret_cast<uint4*>(smem)[i] =
-        rnd ? make_uint4(draw(4 * i), draw(4 * i + 1), draw(4 * i + 2), draw(4 * i + 3))
-            : make_uint4(0, 0, 0, 0);
+        wide  ? make_uint4(draw_wide(4 * i), draw_wide(4 * i + 1), draw_wide(4 * i + 2),
+                           draw_wide(4 * i + 3))
+        : rnd ? make_uint4(draw(4 * i), draw(4 * i + 1), draw(4 * i + 2), draw(4 * i + 3))
+              : make_uint4(0, 0, 0, 0);
   uint32_t ah[4] = {0x3f803f80u, 0, 0, 0}, al[4] = {0, 0, 0, 0};  // fixed fragments
   if (rnd)
     for (int r = 0; r < 4; ++r)
@@ -196,6 +248,7 @@ __global__ void latency_kernel(int mode, long long* out, float* sink_out) {
     if (prod == 5) c = timed_rs_product<64>(a, ah, al, sink);
     if (prod == 6) c = timed_rs_product<128>(smem, ah, al, sink);
     if (prod == 7) c = timed_rs_product_distinct(a, threadIdx.x * 64 + it, sink);
+    if (prod == 8) c = timed_two_chains(smem, threadIdx.x * 64 + it, sink);
     if (it >= kWarm) total += c;
     __syncthreads();
   }
@@ -231,7 +284,9 @@ int main() {
                          "S^T K^T, 64 columns, two warpgroups, random operands",
                          "S^T [K^T | Q^T] (m64n128k16 x 16), one wg, random operands",
                          "the same on every multiprocessor at once (block 0's cycles)",
-                         "S^T K^T, 64 columns, one wg, random, own fragments a k-step"};
+                         "S^T K^T, 64 columns, one wg, random, own fragments a k-step",
+                         "(K S)^T and (Q S)^T as two chains in turn (32 x m64n64k16), one wg",
+                         "the same, operands with random signs and exponents"};
   long long* out;
   float* sink;
   cudaMalloc(&out, 4 * sizeof(long long));
