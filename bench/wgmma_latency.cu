@@ -21,6 +21,19 @@ namespace {
 constexpr int kIters = 512, kWarm = 32;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/// Commits and waits for the product's wgmma group into d; the cycles since t0. d's sum goes to
+/// sink, so that the product is kept.
+template <int M>
+__device__ __forceinline__ long long end_product(float (&d)[M], long long t0, float& sink) {
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_reg_fence(d);
+  const long long t1 = clock64();
+#pragma unroll
+  for (int i = 0; i < M; ++i) sink += d[i];
+  return t1 - t0;
+}
+
 /// One product of the scan's shape: KSTEPS k-steps of m64nNk16 into one accumulator, A K-major
 /// (or M-major, kTransA: the K^T of step C) from a, B K-major from b.
 template <int N, int KSTEPS, bool kTransA>
@@ -37,13 +50,7 @@ __device__ long long timed_product(const char* a, const char* b, float& sink) {
     wgmma_ss_bf16<kTransA ? 1 : 0>(
         d, wgmma_desc_advance(ad0, kTransA ? ks * 2048 : (ks >> 2) * 8192 + (ks & 3) * 32),
         wgmma_desc_advance(bd0, (ks >> 2) * N * 128 + (ks & 3) * 32));
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_reg_fence(d);
-  const long long t1 = clock64();
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) sink += d[i];
-  return t1 - t0;
+  return end_product(d, t0, sink);
 }
 
 /// Step A transposed for 64 value columns: (K S)^T = S^T K^T, S^T's hi and lo fragments from
@@ -66,13 +73,21 @@ __device__ long long timed_rs_product(const char* b, const uint32_t (&ah)[4],
     wgmma_rs_bf16<0>(d, ah, bd);
     wgmma_rs_bf16<0>(d, al, bd);
   }
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_reg_fence(d);
-  const long long t1 = clock64();
+  return end_product(d, t0, sink);
+}
+
+/// Register A fragments for 8 k-steps drawn from seed: hi parts in +-[1, 2), lo parts 2^-8 of
+/// that, as a split state would give.
+__device__ __forceinline__ void draw_fragments(uint32_t seed, uint32_t (&ah)[8][4],
+                                               uint32_t (&al)[8][4]) {
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) sink += d[i];
-  return t1 - t0;
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t x = (seed + 8 * ks + r) * 2654435761u;
+      ah[ks][r] = 0x3f803f80u | (x & 0x807f807fu);
+      al[ks][r] = 0x3b803b80u | ((x >> 8) & 0x007f007fu);
+    }
 }
 
 /// timed_rs_product with its own fragments each k-step (as a product of the state takes them):
@@ -82,14 +97,7 @@ __device__ long long timed_rs_product_distinct(const char* b, uint32_t seed, flo
 #pragma unroll
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
   uint32_t ah[8][4], al[8][4];
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const uint32_t x = (seed + 8 * ks + r) * 2654435761u;
-      ah[ks][r] = 0x3f803f80u | (x & 0x007f007fu);
-      al[ks][r] = 0x3b803b80u | ((x >> 8) & 0x007f007fu);
-    }
+  draw_fragments(seed, ah, al);
   const long long t0 = clock64();
   wgmma_reg_fence(d);
   wgmma_fence();
@@ -100,13 +108,7 @@ __device__ long long timed_rs_product_distinct(const char* b, uint32_t seed, flo
     wgmma_rs_bf16<0>(d, ah[ks], bd);
     wgmma_rs_bf16<0>(d, al[ks], bd);
   }
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_reg_fence(d);
-  const long long t1 = clock64();
-#pragma unroll
-  for (int i = 0; i < 32; ++i) sink += d[i];
-  return t1 - t0;
+  return end_product(d, t0, sink);
 }
 
 /// The transposed scan's (K S)^T and (Q S)^T: two accumulator chains issued in turn (m64n64k16 x
@@ -116,14 +118,7 @@ __device__ long long timed_two_chains(const char* b, uint32_t seed, float& sink)
 #pragma unroll
   for (int i = 0; i < 32; ++i) dk[i] = dq[i] = 0.f;
   uint32_t ah[8][4], al[8][4];
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const uint32_t x = (seed + 8 * ks + r) * 2654435761u;
-      ah[ks][r] = 0x3f803f80u | (x & 0x807f807fu);
-      al[ks][r] = 0x3b803b80u | ((x >> 8) & 0x007f007fu);
-    }
+  draw_fragments(seed, ah, al);
   const long long t0 = clock64();
   wgmma_reg_fence(dk);
   wgmma_reg_fence(dq);

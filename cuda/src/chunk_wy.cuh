@@ -589,6 +589,33 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
   }
 }
 
+/// L2 prefetch of one value slice's share of `lines` 128-byte lines from base: lines slice,
+/// slice + nslices, ... spread over the warp's lanes (each slice of a head asks for its own).
+__device__ __forceinline__ void prefetch_share_l2(const char* base, int lines, int slice,
+                                                  int nslices, int lane) {
+  for (int l = slice + nslices * lane; l < lines; l += nslices * 32)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + l * 128));
+}
+/// L2 prefetch of one value slice's share of chunk cf's raw K and Q rows (key head h; rows past
+/// the sequence end are not asked for).
+template <class E, int KD>
+__device__ __forceinline__ void prefetch_kq_rows_l2(const KernelParams& p, const SeqRange& sr,
+                                                    int h, int cf, int slice, int nslices,
+                                                    int lane) {
+  const int64_t tf = sr.t0 + int64_t(cf) * kFC;
+  const int rows = int(sr.len - int64_t(cf) * kFC < kFC ? sr.len - int64_t(cf) * kFC : kFC);
+  constexpr int lpr = (KD * 2 + 127) / 128;  // lines per row
+  for (int l = slice + nslices * lane; l < 2 * rows * lpr; l += nslices * 32) {
+    const int q = l / (rows * lpr), rem = l % (rows * lpr);
+    const E* base = q ? static_cast<const E*>(p.q) + sr.b * p.qs[0] + (tf + rem / lpr) * p.qs[1] +
+                            int64_t(h) * p.qs[2]
+                      : static_cast<const E*>(p.k) + sr.b * p.ks[0] + (tf + rem / lpr) * p.ks[1] +
+                            int64_t(h) * p.ks[2];
+    asm volatile(
+        "prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(base) + (rem % lpr) * 128));
+  }
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /// r[nj] (8-column tile nj, mma C layout; this warp's 16 rows of the warpgroup's 64) = A B over
 /// KSTEPS k-steps, one wgmma group with both operands read by the tensor cores from shared memory.
@@ -785,28 +812,12 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
     if constexpr (kVSmem) tile_load(st_v(st), &vmap, c0, t0, hv, int(sr.b), &full[st]);
   };
   auto prefetch_l2 = [&](int cf) {
-    const char* rf = ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes;
-    constexpr int lines = int(R::bytes / 128);
-    for (int l = slice + nslices * lane; l < lines; l += nslices * 32)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(rf + l * 128));
-    if constexpr (kImages) {
-      const char* img = kq_image(cf);
-      for (int l = slice + nslices * lane; l < int(2 * kTile / 128); l += nslices * 32)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(img + l * 128));
-      return;
-    }
-    const int64_t tf = sr.t0 + int64_t(cf) * C;
-    const int rows = int(sr.len - int64_t(cf) * C < C ? sr.len - int64_t(cf) * C : C);
-    constexpr int lpr = (KD * 2 + 127) / 128;  // lines per row
-    for (int l = slice + nslices * lane; l < 2 * rows * lpr; l += nslices * 32) {
-      const int q = l / (rows * lpr), rem = l % (rows * lpr);
-      const E* base = q ? static_cast<const E*>(p.q) + sr.b * p.qs[0] + (tf + rem / lpr) * p.qs[1] +
-                              int64_t(h) * p.qs[2]
-                        : static_cast<const E*>(p.k) + sr.b * p.ks[0] + (tf + rem / lpr) * p.ks[1] +
-                              int64_t(h) * p.ks[2];
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(base) +
-                                                    (rem % lpr) * 128));
-    }
+    prefetch_share_l2(ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes, int(R::bytes / 128),
+                      slice, nslices, lane);
+    if constexpr (kImages)
+      prefetch_share_l2(kq_image(cf), int(2 * kTile / 128), slice, nslices, lane);
+    else
+      prefetch_kq_rows_l2<E, KD>(p, sr, h, cf, slice, nslices, lane);
   };
   if (warp == kProducer) {
     for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
@@ -1120,21 +1131,9 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
   };
   // L2 prefetch of chunk cf's record and K / Q rows, each slice of the head a share of the lines.
   auto prefetch_l2 = [&](int cf) {
-    const char* rf = ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes;
-    for (int l = slice + nslices * lane; l < int(R::bytes / 128); l += nslices * 32)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(rf + l * 128));
-    const int64_t tf = sr.t0 + int64_t(cf) * C;
-    const int rows = int(sr.len - int64_t(cf) * C < C ? sr.len - int64_t(cf) * C : C);
-    constexpr int lpr = (KD * 2 + 127) / 128;  // lines per row
-    for (int l = slice + nslices * lane; l < 2 * rows * lpr; l += nslices * 32) {
-      const int q = l / (rows * lpr), rem = l % (rows * lpr);
-      const E* base = q ? static_cast<const E*>(p.q) + sr.b * p.qs[0] + (tf + rem / lpr) * p.qs[1] +
-                              int64_t(h) * p.qs[2]
-                        : static_cast<const E*>(p.k) + sr.b * p.ks[0] + (tf + rem / lpr) * p.ks[1] +
-                              int64_t(h) * p.ks[2];
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(base) +
-                                                    (rem % lpr) * 128));
-    }
+    prefetch_share_l2(ws + (chunk_slot(p, n, sr, cf) * p.HV + hv) * rec_bytes, int(R::bytes / 128),
+                      slice, nslices, lane);
+    prefetch_kq_rows_l2<E, KD>(p, sr, h, cf, slice, nslices, lane);
   };
   if (warp == 4) {
     for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
