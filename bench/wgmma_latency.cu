@@ -260,6 +260,91 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+/// The two-chain product of the transposed scan in a kernel of one warpgroup (no spills), its
+/// register A fragments made three ways: fixed before the timed window (variant 0); split (hi +
+/// lo) inside it from a state that stays fixed (1); split inside it from a state updated from
+/// the last product's accumulators, as the scan's are (2); (2) with a second, idle warpgroup in
+/// the block (3); (2) with 164 KB of dynamic shared memory, as the transposed scan has (4); (2)
+/// after an untimed batch whose B is MN-major, as the scan's update (5), or K-major (6).
+__global__ void __launch_bounds__(256, 1)
+    dependent_kernel(int variant, long long* out, float* sink_out) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  for (int i = threadIdx.x; i < 32 * 1024 / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(smem)[i] = 0x3f803f80u | ((i * 2654435761u) & 0x007f007fu);
+  fence_proxy_async_shared();
+  __syncthreads();
+  float s[64], sink = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = 1.f + (threadIdx.x + i) * 1e-3f;
+  uint32_t ah[8][4], al[8][4];
+  draw_fragments(threadIdx.x, ah, al);
+  long long total = 0;
+  for (int it = 0; it < kWarm + kIters; ++it) {
+    if (threadIdx.x >= 128) {  // a second warpgroup, waiting at the barrier (variant 3)
+      __syncthreads();
+      continue;
+    }
+    float dk[32], dq[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dk[i] = dq[i] = 0.f;
+    if (variant >= 5) {  // the scan's update before the product (untimed): B MN-major or K-major
+      wgmma_reg_fence(dk);
+      wgmma_fence();
+      const uint64_t kd = wgmma_desc_sw128(smem);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int part = 0; part < 2; ++part) {
+          if (variant == 5)
+            wgmma_rs_bf16<1>(dk, part ? al[ks] : ah[ks], wgmma_desc_advance(kd, ks * 2048));
+          else
+            wgmma_rs_bf16<0>(dk, part ? al[ks] : ah[ks], wgmma_desc_advance(kd, ks * 32));
+        }
+      wgmma_commit();
+      wgmma_wait_all();
+      wgmma_reg_fence(dk);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sink += dk[i], dk[i] = 0.f;
+    }
+    const long long t0 = clock64();
+    if (variant > 0)
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          split_bf16x2(s[8 * ks + 2 * r], s[8 * ks + 2 * r + 1], ah[ks][r], al[ks][r]);
+    wgmma_reg_fence(dk);
+    wgmma_reg_fence(dq);
+    wgmma_fence();
+    const uint64_t bd0 = wgmma_desc_sw128(smem);
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const uint64_t bk = wgmma_desc_advance(bd0, (ks >> 2) * 16384 + (ks & 3) * 32);
+      const uint64_t bq = wgmma_desc_advance(bk, 8192);
+      wgmma_rs_bf16<0>(dk, ah[ks], bk);
+      wgmma_rs_bf16<0>(dq, ah[ks], bq);
+      wgmma_rs_bf16<0>(dk, al[ks], bk);
+      wgmma_rs_bf16<0>(dq, al[ks], bq);
+    }
+    wgmma_reg_fence(dq);
+    const long long c = end_product(dk, t0, sink);
+    if (variant >= 2)
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        s[i] = fmaf(1e-3f, dk[i], 1.f), s[32 + i] = fmaf(1e-3f, dq[i], 1.f);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sink += dq[i];
+    if (it >= kWarm) total += c;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = total / kIters;
+  if (sink != 0.f) *sink_out = sink;
+#else
+  (void)variant, (void)out, (void)sink_out;
+#endif
+}
+
 }  // namespace
 
 int main() {
@@ -308,6 +393,25 @@ int main() {
     }
     std::printf("%-66s cycles a product, warpgroups 0/1/2: %lld / %lld / %lld\n", names[mode], h[0],
                 h[1], h[2]);
+  }
+  const char* dep_names[] = {"two chains, one-warpgroup kernel, fragments fixed",
+                             "the same, fragments split in the window from a fixed state",
+                             "the same, split from the last product's accumulators",
+                             "the same, a second warpgroup waiting at the barrier",
+                             "the same (one warpgroup), 164 KB of dynamic shared memory",
+                             "(2) after an untimed batch with MN-major B (the update)",
+                             "(2) after an untimed batch with K-major B"};
+  cudaFuncSetAttribute(dependent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 164 * 1024);
+  for (int v = 0; v < 7; ++v) {
+    dependent_kernel<<<1, v == 3 ? 256 : 128, (v == 4 ? 164 : 32) * 1024>>>(v, out, sink);
+    long long h = 0;
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(&h, out, sizeof(long long), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+      std::printf("%s: %s\n", dep_names[v], cudaGetErrorString(e));
+      return 1;
+    }
+    std::printf("%-66s cycles a product: %lld\n", dep_names[v], h);
   }
   return 0;
 }
