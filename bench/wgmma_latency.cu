@@ -265,15 +265,30 @@ __global__ void __launch_bounds__(384, 1)
 /// lo) inside it from a state that stays fixed (1); split inside it from a state updated from
 /// the last product's accumulators, as the scan's are (2); (2) with a second, idle warpgroup in
 /// the block (3); (2) with 164 KB of dynamic shared memory, as the transposed scan has (4); (2)
-/// after an untimed batch whose B is MN-major, as the scan's update (5), or K-major (6).
+/// after an untimed batch whose B is MN-major, as the scan's update (5), or K-major (6); (2) on B
+/// tiles written by a bulk copy waited for on an mbarrier just before (7), or on two stages, the
+/// next one's copy landing during the product (8), as the scan's stages are.
 __global__ void __launch_bounds__(256, 1)
-    dependent_kernel(int variant, long long* out, float* sink_out) {
+    dependent_kernel(int variant, const char* gsrc, long long* out, float* sink_out) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
   for (int i = threadIdx.x; i < 32 * 1024 / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = 0x3f803f80u | ((i * 2654435761u) & 0x007f007fu);
+  // Variants 7 and 8: two 32 KB stages filled by bulk copies from gsrc, completing on an mbarrier
+  // each.
+  auto* full = reinterpret_cast<uint64_t*>(smem + 64 * 1024);
+  const bool copies = variant >= 7;
+  if (copies && threadIdx.x == 0) {
+    mbar_init(&full[0], 1);
+    mbar_init(&full[1], 1);
+  }
+  auto copy_in = [&](int st) {
+    mbar_expect_tx(&full[st], 32 * 1024);
+    bulk_load(smem + st * 32 * 1024, gsrc + st * 32 * 1024, 32 * 1024, &full[st]);
+  };
   fence_proxy_async_shared();
   __syncthreads();
+  if (variant == 8 && threadIdx.x == 0) copy_in(0);
   float s[64], sink = 0.f;
 #pragma unroll
   for (int i = 0; i < 64; ++i) s[i] = 1.f + (threadIdx.x + i) * 1e-3f;
@@ -307,6 +322,17 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) sink += dk[i], dk[i] = 0.f;
     }
+    // 7: this iteration's copy into stage 0, waited for, then the product; 8: the product on
+    // stage it % 2 while the next iteration's copy lands in the other (the scan's order).
+    int st = 0;
+    if (variant == 7) {
+      if (threadIdx.x == 0) copy_in(0);
+      mbar_wait(&full[0], unsigned(it) & 1u);
+    } else if (variant == 8) {
+      st = it & 1;
+      mbar_wait(&full[st], unsigned(it >> 1) & 1u);
+      if (threadIdx.x == 0) copy_in(st ^ 1);
+    }
     const long long t0 = clock64();
     if (variant > 0)
 #pragma unroll
@@ -317,7 +343,7 @@ __global__ void __launch_bounds__(256, 1)
     wgmma_reg_fence(dk);
     wgmma_reg_fence(dq);
     wgmma_fence();
-    const uint64_t bd0 = wgmma_desc_sw128(smem);
+    const uint64_t bd0 = wgmma_desc_sw128(smem + st * 32 * 1024);
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       const uint64_t bk = wgmma_desc_advance(bd0, (ks >> 2) * 16384 + (ks & 3) * 32);
@@ -338,6 +364,7 @@ __global__ void __launch_bounds__(256, 1)
     if (it >= kWarm) total += c;
     __syncthreads();
   }
+  if (variant == 8) mbar_wait(&full[(kWarm + kIters) & 1], unsigned((kWarm + kIters) >> 1) & 1u);
   if (threadIdx.x == 0) out[0] = total / kIters;
   if (sink != 0.f) *sink_out = sink;
 #else
@@ -400,10 +427,16 @@ int main() {
                              "the same, a second warpgroup waiting at the barrier",
                              "the same (one warpgroup), 164 KB of dynamic shared memory",
                              "(2) after an untimed batch with MN-major B (the update)",
-                             "(2) after an untimed batch with K-major B"};
+                             "(2) after an untimed batch with K-major B",
+                             "(2) on a tile a bulk copy just wrote (mbarrier)",
+                             "(2) on two stages, the next one's copy landing meanwhile"};
   cudaFuncSetAttribute(dependent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 164 * 1024);
-  for (int v = 0; v < 7; ++v) {
-    dependent_kernel<<<1, v == 3 ? 256 : 128, (v == 4 ? 164 : 32) * 1024>>>(v, out, sink);
+  char* gsrc = nullptr;
+  cudaMalloc(&gsrc, 64 * 1024);
+  cudaMemset(gsrc, 0x3f, 64 * 1024);
+  for (int v = 0; v < 9; ++v) {
+    dependent_kernel<<<1, v == 3 ? 256 : 128, (v == 4 ? 164 * 1024 : 64 * 1024 + 16)>>>(v, gsrc,
+                                                                                        out, sink);
     long long h = 0;
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = cudaMemcpy(&h, out, sizeof(long long), cudaMemcpyDeviceToHost);
