@@ -56,6 +56,9 @@
 #pragma once
 
 #include <type_traits>
+#ifdef KLA_WY_PROFILE
+#include <cstdio>
+#endif
 
 #include <cudaTypedefs.h>
 
@@ -66,11 +69,38 @@
 
 namespace kla::kernels {
 
-// KLA_WY_PROFILE (a development build only): block 0 of the scan prints the cycles per chunk
-// that warp 0 (recurrence) and warp 8 (read-out) spend in each phase.
+// KLA_WY_PROFILE (a development build only): block 0 of the scan records the cycles per chunk
+// that warp 0 (recurrence) and warp 8 (read-out; the transposed scan: warp 0 only) spend in each
+// phase, and a kernel launched after it prints them. Not printf in the scan itself: a kernel
+// that calls printf has every wgmma serialised by ptxas (a wait after each), and the phases
+// measured there (sessions 3-10 until w60) overstate the products (prefill_notes.md, w60).
 #ifdef KLA_WY_PROFILE
 #define KLA_WY_MARK(k) \
   if (prof_on) prof[k] += clock64() - prof_t, prof_t = clock64()
+/// [row: warp 0, warp 8][phase 0-7, then the chunk count].
+static __device__ long long g_wy_profile[2][9];  // one per translation unit
+static __global__ void wy_profile_print_kernel(int transposed) {
+  for (int row = 0; row < (transposed ? 1 : 2); ++row) {
+    const long long* v = g_wy_profile[row];
+    const long long n = v[8] > 0 ? v[8] : 1;
+    if (transposed)
+      printf(
+          "wy64 scan block 0 warp 0, cycles per chunk (%lld chunks): wait %lld, barrier0 %lld, "
+          "KS|QS %lld, R %lld, X %lld, update issue %lld, O wait %lld, O store + update %lld\n",
+          v[8], v[0] / n, v[1] / n, v[2] / n, v[3] / n, v[4] / n, v[5] / n, v[6] / n, v[7] / n);
+    else
+      printf(
+          "wy scan block 0 warp %d, cycles per chunk (%lld chunks): wait %lld, barrier0 %lld, "
+          "stepA %lld, barrierA %lld, stepB %lld, barrierB %lld, stepC %lld\n",
+          row ? 8 : 0, v[8], v[0] / n, v[1] / n, v[2] / n, v[3] / n, v[4] / n, v[5] / n, v[6] / n);
+  }
+}
+/// Block 0's phases into g_wy_profile (the thread that measured).
+__device__ __forceinline__ void wy_profile_store(int row, const long long* prof, int phases,
+                                                 int nch) {
+  for (int k = 0; k < 8; ++k) g_wy_profile[row][k] = k < phases ? prof[k] : 0;
+  g_wy_profile[row][8] = nch;
+}
 #else
 #define KLA_WY_MARK(k)
 #endif
@@ -994,12 +1024,7 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
   }
 
 #ifdef KLA_WY_PROFILE
-  if (prof_on)
-    printf(
-        "wy scan block 0 warp %d, cycles per chunk (%d chunks): wait %lld, barrier0 %lld, stepA "
-        "%lld, barrierA %lld, stepB %lld, barrierB %lld, stepC %lld\n",
-        warp, nch, prof[0] / nch, prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch,
-        prof[5] / nch, prof[6] / nch);
+  if (prof_on) wy_profile_store(warp ? 1 : 0, prof, 7, nch);
 #endif
   if (state_warp && slot.out)
 #pragma unroll
@@ -1025,16 +1050,18 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
 //   R^T = V^T diag(cu) - (K S)^T diag(cw)    (split hi + lo),  O^T = (Q S)^T diag(gamma qscale)
 //   X^T = (R^T T^T) diag(update),  O^T += R^T (P T)^T   m64n64k16 x 4, parts hi hi, hi lo, lo hi
 //   S^T <- gamma_C S^T + X^T K               per 64-key panel m64n64k16 x 4, K as MN-major B
-// The second warpgroup issues the copies (its first warp), lays the record's packed T and P T
-// triangles out as one K-major B tile [T; P T] (128 rows x 64 tokens, 128-byte swizzle) while
-// the chain forms R, and writes out the O tile the chain leaves in shared memory. Same record,
+// The second warpgroup issues the copies (its first warp), lays the next chunk's packed T and P T
+// triangles out as one K-major B tile [T; P T] (128 rows x 64 tokens, 128-byte swizzle; two
+// buffers), and writes out the O tile the chain leaves in shared memory. Laid out a chunk ahead,
+// not beside the chain's K S: tiles written through the generic proxy just before the wgmma that
+// read them cost that batch ~630 cycles a chunk (prefill_notes.md, w61). Same record,
 // scalars and arithmetic as chunk_wy_scan_kernel (every product of split operands keeps hi hi +
 // hi lo + lo hi), in another order of summation.
 constexpr int kWyTThreads = 256, kWyTChainThreads = 128;
-// Named barriers: [T; P T] laid out (the helpers arrive, the chain waits); the chunk's O tile
-// in shared memory (the chain arrives, the helpers wait and write it out). Each warp waits at two
-// barriers a chunk (racecheck, see kWyBarPadRead).
-constexpr int kWyTBarTpt = 1, kWyTBarO = 2;
+// Named barriers: the chain's padding to the helpers' count of barrier waits a chunk (two:
+// racecheck, see kWyBarPadRead); the chunk's O tile in shared memory (the chain arrives, the
+// helpers wait and write it out).
+constexpr int kWyTBarPad = 1, kWyTBarO = 2;
 
 /// One stage: record | K and Q, [KD / 64 panels][K's 64 rows | Q's 64 rows][128 B swizzled]
 /// (each panel one K-major B tile of 128 rows) | V's 64 columns [64 rows][128 B swizzled].
@@ -1042,11 +1069,11 @@ template <int KD>
 __host__ __device__ constexpr int64_t wy_t_stage_bytes() {
   return WyRecord::bytes + 2 * wy_tile_bytes<KD>() + int64_t(kFC) * 128;
 }
-/// Two stages, [T; P T] as hi and lo parts, the O tile [64 tokens][128 B swizzled], the two stage
-/// barriers.
+/// Two stages, two [T; P T] buffers of hi and lo parts, the O tile [64 tokens][128 B swizzled], the
+/// two stage barriers.
 template <int KD>
 __host__ __device__ constexpr int64_t wy_t_smem_bytes() {
-  return 2 * wy_t_stage_bytes<KD>() + 2 * (2 * kFC * 128) + kFC * 128 + 2 * 8;
+  return 2 * wy_t_stage_bytes<KD>() + 4 * (2 * kFC * 128) + kFC * 128 + 2 * 8;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1077,8 +1104,9 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
   auto st_rec = [&](int st) { return smem + st * kStage; };
   auto st_kq = [&](int st) { return smem + st * kStage + R::bytes; };
   auto st_v = [&](int st) { return smem + st * kStage + R::bytes + kPanels * kPanelKQ; };
-  char* tpt = smem + 2 * kStage;  // [T; P T] hi part, then lo part
-  char* otile = tpt + 2 * kTpt;   // O, [token][64 columns], 16-byte piece c of row r at c ^ r % 8
+  // [T; P T] of chunk ch in buffer ch % 2: hi part, then lo part.
+  auto tpt = [&](int b) { return smem + 2 * kStage + b * 2 * kTpt; };
+  char* otile = tpt(2);  // O, [token][64 columns], 16-byte piece c of row r at c ^ r % 8
   auto* full = reinterpret_cast<uint64_t*>(otile + C * 128);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(~0u, tid >> 5, 0);
@@ -1095,8 +1123,8 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
 
   // The blocks of [T; P T] above the diagonal stay zero: each chunk writes only the packed
   // triangles' blocks.
-  for (int i = tid; i < 2 * kTpt / 16; i += kWyTThreads)
-    reinterpret_cast<uint4*>(tpt)[i] = make_uint4(0, 0, 0, 0);
+  for (int i = tid; i < 4 * kTpt / 16; i += kWyTThreads)
+    reinterpret_cast<uint4*>(tpt(0))[i] = make_uint4(0, 0, 0, 0);
   if (tid == 0) {
     mbar_init(&full[0], 1);
     mbar_init(&full[1], 1);
@@ -1135,10 +1163,32 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
                       slice, nslices, lane);
     prefetch_kq_rows_l2<E, KD>(p, sr, h, cf, slice, nslices, lane);
   };
+  // [T; P T] of chunk ch from its record's packed triangles, by the helpers: 16-byte piece r of
+  // part q (T hi, T lo, P T hi, P T lo) is 8 columns j0.. of row i (wy_packed_offset), row i (T)
+  // or 64 + i (P T) of the tile, 16-byte piece j0 / 8 ^ row % 8 of it. Waits for the stage.
+  auto lay_out_tpt = [&](int ch) {
+    const int st = ch & 1;
+    mbar_wait(&full[st], unsigned(ch >> 1) & 1u);
+    const char* rec = st_rec(st);
+    char* dst = tpt(st);
+    for (int q = tid - kWyTChainThreads; q < 4 * int(R::tile / 16);
+         q += kWyTThreads - kWyTChainThreads) {
+      const int part = q / int(R::tile / 16), r = q % int(R::tile / 16);
+      const int b = r >> 5, m = (r >> 3) & 3, mi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
+      const int i = mi * 16 + (m & 1) * 8 + (r & 7),
+                j0 = (b - mi * (mi + 1) / 2) * 16 + (m >> 1) * 8;
+      const int row = i + (part >> 1) * C;
+      *reinterpret_cast<uint4*>(dst + (part & 1) * kTpt + row * 128 +
+                                (((j0 >> 3) ^ (row & 7)) << 4)) =
+          *reinterpret_cast<const uint4*>(rec + part * R::tile + r * 16);
+    }
+    fence_proxy_async_shared();  // for the wgmma reads after the next chunk barrier
+  };
   if (warp == 4) {
     for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
     if (nch > 0 && lane == 0) issue(0, 0);
   }
+  if (!chain && nch > 0) lay_out_tpt(0);
   E* obase = static_cast<E*>(p.o) + sr.b * p.os[0] + int64_t(hv) * p.os[2] + c0;
 
 #ifdef KLA_WY_PROFILE
@@ -1161,7 +1211,8 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       }
       fence_proxy_async_shared();
     }
-    // Chunk ch's stage visible to all; every read of the other stage and of [T; P T] is done.
+    // Chunk ch's stage and [T; P T] visible to all; every read of the other stage and [T; P T]
+    // buffer is done.
     __syncthreads();
     KLA_WY_MARK(1);
     const char* rec = st_rec(st);
@@ -1171,22 +1222,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
         if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
         if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
       }
-      // [T; P T] from the packed triangles: 16-byte piece r of part q (T hi, T lo, P T hi,
-      // P T lo) is 8 columns j0.. of row i (wy_packed_offset), row i (T) or 64 + i (P T) of the
-      // tile, 16-byte piece j0 / 8 ^ row % 8 of it.
-      for (int q = tid - kWyTChainThreads; q < 4 * int(R::tile / 16);
-           q += kWyTThreads - kWyTChainThreads) {
-        const int part = q / int(R::tile / 16), r = q % int(R::tile / 16);
-        const int b = r >> 5, m = (r >> 3) & 3, mi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
-        const int i = mi * 16 + (m & 1) * 8 + (r & 7),
-                  j0 = (b - mi * (mi + 1) / 2) * 16 + (m >> 1) * 8;
-        const int row = i + (part >> 1) * C;
-        *reinterpret_cast<uint4*>(tpt + (part & 1) * kTpt + row * 128 +
-                                  (((j0 >> 3) ^ (row & 7)) << 4)) =
-            *reinterpret_cast<const uint4*>(rec + part * R::tile + r * 16);
-      }
-      fence_proxy_async_shared();
-      named_bar_arrive(kWyTBarTpt, kWyTThreads);
+      if (ch + 1 < nch) lay_out_tpt(ch + 1);
       // The chunk's O rows, 16 bytes a store (coalesced: 8 threads a row).
       named_bar_sync(kWyTBarO, kWyTThreads);
       E* orow = obase + (sr.t0 + cs0) * p.os[1];
@@ -1261,12 +1297,12 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
     float accX[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) accX[i] = 0.f;
-    named_bar_sync(kWyTBarTpt, kWyTThreads);  // [T; P T] laid out
+    named_bar_sync(kWyTBarPad, kWyTChainThreads);  // racecheck's count (see above)
     wgmma_reg_fence(accX);
     wgmma_reg_fence(accO);
     wgmma_fence();
     {
-      const uint64_t th = wgmma_desc_sw128(tpt), tl = wgmma_desc_sw128(tpt + kTpt);
+      const uint64_t th = wgmma_desc_sw128(tpt(st)), tl = wgmma_desc_sw128(tpt(st) + kTpt);
       // B: rows 0.. of the tile (T) or C.. (P T); parts hi hi, hi lo, lo hi each k-step.
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -1342,12 +1378,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
     }
   }
 #ifdef KLA_WY_PROFILE
-  if (prof_on)
-    printf(
-        "wy64 scan block 0 warp 0, cycles per chunk (%d chunks): wait %lld, barrier0 %lld, KS|QS "
-        "%lld, R %lld, X %lld, update issue %lld, O wait %lld, O store + update %lld\n",
-        nch, prof[0] / nch, prof[1] / nch, prof[2] / nch, prof[3] / nch, prof[4] / nch,
-        prof[5] / nch, prof[6] / nch, prof[7] / nch);
+  if (prof_on) wy_profile_store(0, prof, 8, nch);
 #endif
   if (chain && slot.out)
 #pragma unroll
@@ -1418,6 +1449,9 @@ cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const cha
   const int64_t blocks = int64_t(p.N) * p.HV * (p.V / VS);
   kern<<<dim3(unsigned(blocks)), wy_scan_threads<E>(), size_t(bytes), stream>>>(p, ws, kmap, qmap,
                                                                                 vmap);
+#ifdef KLA_WY_PROFILE
+  wy_profile_print_kernel<<<1, 1, 0, stream>>>(0);
+#endif
   return cudaGetLastError();
 }
 
@@ -1434,6 +1468,9 @@ cudaError_t launch_scan_wy_transposed(const KernelParams& p, cudaStream_t stream
   if (e != cudaSuccess) return e;
   const int64_t blocks = int64_t(p.N) * p.HV * (p.V / 64);
   kern<<<dim3(unsigned(blocks)), kWyTThreads, size_t(bytes), stream>>>(p, ws, kmap, qmap, vmap);
+#ifdef KLA_WY_PROFILE
+  wy_profile_print_kernel<<<1, 1, 0, stream>>>(1);
+#endif
   return cudaGetLastError();
 }
 
