@@ -1044,8 +1044,9 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
 // the state held transposed, S^T (64 value rows x KD keys, fp32), in its wgmma accumulators, so
 // that every state product takes S^T (or R^T, X^T) as the A operand from registers and streams
 // only B from shared memory (prefill_notes.md, w50: in isolation 2.4x cheaper a value column than
-// the [token][column] scan's step A; in this kernel the products run ~3x slower than in
-// isolation, session 10). Each product runs as two independent m64n64 accumulator chains:
+// the [token][column] scan's step A; a chunk takes ~4,900 cycles for 64 columns against ~3,450
+// for 32 in that scan, session 10). Each product runs as two independent m64n64 accumulator
+// chains:
 //   (K S)^T = S^T K^T, (Q S)^T = S^T Q^T     m64n64k16 x KD / 16 k-steps x S^T hi, lo
 //   R^T = V^T diag(cu) - (K S)^T diag(cw)    (split hi + lo),  O^T = (Q S)^T diag(gamma qscale)
 //   X^T = (R^T T^T) diag(update),  O^T += R^T (P T)^T   m64n64k16 x 4, parts hi hi, hi lo, lo hi
@@ -1504,10 +1505,10 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
     narrow = !wide && force_vs != 16 && wy_scan_smem_bytes<E, KD, 8>() <= max_smem &&
              (force_vs == 8 || int64_t(p.N) * p.HV * (p.V / 16) <= sms / 2);
   // The transposed scan (64 value columns a block, the state as the register wgmma operand;
-  // KLA_CHUNK_PATH=wy64 forces it): its chunk step costs about what two 32-column steps cost, for
-  // a quarter of the blocks, so it pays only where its blocks still fill the multiprocessors
-  // (4 x 8192 x 16 and 8 x 4096 x 16: -8%; 1 x 32768 x 16: 2.2x slower; prefill_notes.md, session
-  // 10).
+  // KLA_CHUNK_PATH=wy64 forces it): its chunk step costs ~1.4x a 32-column step for twice the
+  // columns, so a quarter of the blocks, and it pays only where its blocks still fill the
+  // multiprocessors (H200: 4 x 8192 x 16 and 8 x 4096 x 16 -8%; 1 x 32768 x 16 2.2x slower;
+  // prefill_notes.md, session 10).
   CUtensorMap vmap64{};
   bool transposed = false;
   if constexpr (std::is_same_v<E, __nv_bfloat16> && KD % 64 == 0)
