@@ -111,6 +111,23 @@ __device__ long long timed_rs_product_distinct(const char* b, uint32_t seed, flo
   return end_product(d, t0, sink);
 }
 
+/// The transposed scan's (K S)^T and (Q S)^T k-steps issued in turn into dk and dq (m64n64k16 x
+/// 8 x hi, lo each), B from the K rows and the Q rows of [K | Q] panels at b (16 KB a panel).
+__device__ __forceinline__ void issue_two_chains(float (&dk)[32], float (&dq)[32],
+                                                 const uint32_t (&ah)[8][4],
+                                                 const uint32_t (&al)[8][4], const char* b) {
+  const uint64_t bd0 = wgmma_desc_sw128(b);
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const uint64_t bk = wgmma_desc_advance(bd0, (ks >> 2) * 16384 + (ks & 3) * 32);
+    const uint64_t bq = wgmma_desc_advance(bk, 8192);
+    wgmma_rs_bf16<0>(dk, ah[ks], bk);
+    wgmma_rs_bf16<0>(dq, ah[ks], bq);
+    wgmma_rs_bf16<0>(dk, al[ks], bk);
+    wgmma_rs_bf16<0>(dq, al[ks], bq);
+  }
+}
+
 /// The transposed scan's (K S)^T and (Q S)^T: two accumulator chains issued in turn (m64n64k16 x
 /// 8 k-steps x hi, lo each), B from the K rows and the Q rows of [K | Q] panels (16 KB a panel).
 __device__ long long timed_two_chains(const char* b, uint32_t seed, float& sink) {
@@ -123,16 +140,7 @@ __device__ long long timed_two_chains(const char* b, uint32_t seed, float& sink)
   wgmma_reg_fence(dk);
   wgmma_reg_fence(dq);
   wgmma_fence();
-  const uint64_t bd0 = wgmma_desc_sw128(b);
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    const uint64_t bk = wgmma_desc_advance(bd0, (ks >> 2) * 16384 + (ks & 3) * 32);
-    const uint64_t bq = wgmma_desc_advance(bk, 8192);
-    wgmma_rs_bf16<0>(dk, ah[ks], bk);
-    wgmma_rs_bf16<0>(dq, ah[ks], bq);
-    wgmma_rs_bf16<0>(dk, al[ks], bk);
-    wgmma_rs_bf16<0>(dq, al[ks], bq);
-  }
+  issue_two_chains(dk, dq, ah, al, b);
   wgmma_commit();
   wgmma_wait_all();
   wgmma_reg_fence(dk);
@@ -343,16 +351,7 @@ __global__ void __launch_bounds__(256, 1)
     wgmma_reg_fence(dk);
     wgmma_reg_fence(dq);
     wgmma_fence();
-    const uint64_t bd0 = wgmma_desc_sw128(smem + st * 32 * 1024);
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      const uint64_t bk = wgmma_desc_advance(bd0, (ks >> 2) * 16384 + (ks & 3) * 32);
-      const uint64_t bq = wgmma_desc_advance(bk, 8192);
-      wgmma_rs_bf16<0>(dk, ah[ks], bk);
-      wgmma_rs_bf16<0>(dq, ah[ks], bq);
-      wgmma_rs_bf16<0>(dk, al[ks], bk);
-      wgmma_rs_bf16<0>(dq, al[ks], bq);
-    }
+    issue_two_chains(dk, dq, ah, al, smem + st * 32 * 1024);
     wgmma_reg_fence(dq);
     const long long c = end_product(dk, t0, sink);
     if (variant >= 2)
