@@ -77,7 +77,7 @@ namespace kla::kernels {
 #ifdef KLA_WY_PROFILE
 #define KLA_WY_MARK(k) \
   if (prof_on) prof[k] += clock64() - prof_t, prof_t = clock64()
-/// [row: warp 0, warp 8][phase 0-7, then the chunk count].
+/// [row: warp 0, warp 8][phase 0-6 (7 unused), then the chunk count].
 static __device__ long long g_wy_profile[2][9];  // one per translation unit
 static __global__ void wy_profile_print_kernel(int transposed) {
   for (int row = 0; row < (transposed ? 1 : 2); ++row) {
@@ -86,8 +86,8 @@ static __global__ void wy_profile_print_kernel(int transposed) {
     if (transposed)
       printf(
           "wy64 scan block 0 warp 0, cycles per chunk (%lld chunks): wait %lld, barrier0 %lld, "
-          "KS|QS %lld, R %lld, X %lld, update issue %lld, O wait %lld, O store + update %lld\n",
-          v[8], v[0] / n, v[1] / n, v[2] / n, v[3] / n, v[4] / n, v[5] / n, v[6] / n, v[7] / n);
+          "KS|QS %lld, R %lld, X|O %lld, update issue %lld, O tile + update wait %lld\n",
+          v[8], v[0] / n, v[1] / n, v[2] / n, v[3] / n, v[4] / n, v[5] / n, v[6] / n);
     else
       printf(
           "wy scan block 0 warp %d, cycles per chunk (%lld chunks): wait %lld, barrier0 %lld, "
@@ -1194,7 +1194,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
 
 #ifdef KLA_WY_PROFILE
   const bool prof_on = blockIdx.x == 0 && tid == 0;
-  long long prof[8] = {}, prof_t = clock64();
+  long long prof[7] = {}, prof_t = clock64();
 #endif
   for (int ch = 0; ch < nch; ++ch) {
     const int st = ch & 1;
@@ -1353,7 +1353,6 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
                              wgmma_desc_advance(kd0, pn * kPanelKQ + ks * 2048));
       wgmma_commit();
       KLA_WY_MARK(5);
-      KLA_WY_MARK(6);
       // O^T into the O tile by transposing stmatrix (8 x 8 block (nb, hr): tokens 8 nb..,
       // columns 16 w + 8 hr..; lane l addresses token row l % 8 of block l / 8 of the four), for
       // the helpers to write out: scattered 2-byte stores from here held the next chunk's wgmma
@@ -1375,11 +1374,11 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       wgmma_wait<0>();
 #pragma unroll
       for (int pn = 0; pn < kPanels; ++pn) wgmma_reg_fence(sT[pn]);
-      KLA_WY_MARK(7);
+      KLA_WY_MARK(6);
     }
   }
 #ifdef KLA_WY_PROFILE
-  if (prof_on) wy_profile_store(0, prof, 8, nch);
+  if (prof_on) wy_profile_store(0, prof, 7, nch);
 #endif
   if (chain && slot.out)
 #pragma unroll
