@@ -232,7 +232,8 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
 template <class E, int KD>
 __host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
   constexpr int64_t kq = int64_t(kFC) * raw_pitch<E>(KD) * sizeof(E), l = int64_t(kFC) * kMP * 4;
-  return kq + (kq > 2 * l ? kq : 2 * l) + 7 * kFC * 4;
+  constexpr int64_t lead = kq > 2 * WyRecord::tile ? kq : 2 * WyRecord::tile;
+  return lead + (kq > 2 * l ? kq : 2 * l) + 7 * kFC * 4;
 }
 
 // 4 blocks a multiprocessor: 64 registers with a few spills beat 71 registers at 3 blocks
@@ -255,22 +256,26 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   // The region after the keys holds Q until the masked K K^T overwrites it (Q K^T waits in
   // registers by then), then lm and T side by side: fp32 (KD = 128) 69 KB in all, not 85, so
   // that 3 blocks fit a multiprocessor.
+  // The lead region holds K, then the inverse's scratch, then T split (hi, lo) for P T.
   constexpr int64_t region_bytes = kq_bytes > 2 * l_bytes ? kq_bytes : 2 * l_bytes;
+  constexpr int64_t lead_bytes = kq_bytes > 2 * R::tile ? kq_bytes : 2 * R::tile;
   E* Kr = reinterpret_cast<E*>(smem);            // [C][KP] raw keys, then the inverse's scratch
-  char* region = smem + kq_bytes;                // Q, then lm | T
+  char* Ts = smem;                               // T split: packed hi tile, then lo
+  char* region = smem + lead_bytes;              // Q, then lm | T
   E* Qr = reinterpret_cast<E*>(region);          // [C][KP] raw queries
   float* lm = reinterpret_cast<float*>(region);  // [C][kMP] B(A^- o K^K^T)
-  float* Pf = lm;                                // [C][kMP] P (after the inverse)
+  char* Ps = region;  // P split (after the inverse, in lm's place): packed hi tile, then lo
   float* tm = reinterpret_cast<float*>(region + l_bytes);  // [C][kMP] T
   float* ksc = reinterpret_cast<float*>(region + region_bytes);
   float* bet = ksc + C;
   float* qsc = bet + C;
   float* Gv = qsc + C;
   float* kn2 = Gv + C;  // squared key norms
-  static_assert(wy_prep_smem_bytes<E, KD>() == kq_bytes + region_bytes + 7 * C * 4,
+  static_assert(wy_prep_smem_bytes<E, KD>() == lead_bytes + region_bytes + 7 * C * 4,
                 "prep shared layout");
+  static_assert(l_bytes >= 2 * R::tile, "P split fits in lm's place");
   static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
-  static_assert((kq_bytes + l_bytes) % 16 == 0, "T's rows are read as float4");
+  static_assert((lead_bytes + l_bytes) % 16 == 0, "T's rows are read as float4");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -357,37 +362,54 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   __syncthreads();
   chunk_token_scalars(p, sr, tb, L, hv, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2);  // + barrier
   // The masked, scaled tiles: K K^T -> lm now (the inverse's input), Q K^T -> P after the
-  // inverse (lm's storage; the accumulators wait in registers).
-  auto epilogue = [&](bool want_q, float* dst) {
+  // inverse (the accumulators wait in registers), split into bf16 hi + lo in the packed layout
+  // (wy_packed_offset) for the P T product. A thread's rows i = 16 mi + g + 8 hr and columns
+  // j = 16 nb + 8 nj + 2 t4 + e: their scalars are read once a tile, and a masked entry's
+  // exponent is forced to 0 and its value selected to 0 (no branch; the kept entries are
+  // bit-identical to exp(G_i - G_j) scaled in the same order).
+  auto epilogue = [&](bool want_q, auto store) {
     for_units(20, [&](int k, bool isq, int mi, int nb) {
       if (isq != want_q) return;
+      float gi[2], ri[2], si[2];
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj)
+      for (int hr = 0; hr < 2; ++hr) {
+        const int i = mi * 16 + g + hr * 8;
+        gi[hr] = Gv[i], ri[hr] = isq ? qsc[i] : bet[i], si[hr] = ksc[i];
+      }
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj) {
+        const int j = nb * 16 + nj * 8 + 2 * t4;
+        const float2 gj = *reinterpret_cast<const float2*>(Gv + j);
+        const float2 cj = *reinterpret_cast<const float2*>(ksc + j);
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int i = mi * 16 + g + hr * 8, j = nb * 16 + nj * 8 + 2 * t4;
+          const int i = mi * 16 + g + hr * 8;
           float x[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int jj = j + e;
-            const float gam = jj <= i ? __expf(Gv[i] - Gv[jj]) : 0.f;
-            const float dot = acc[k][nj][2 * hr + e];
-            x[e] = isq ? (jj <= i ? qsc[i] * gam * ksc[jj] * dot : 0.f)
-                       : (jj < i ? bet[i] * gam * (ksc[i] * ksc[jj]) * dot : 0.f);
+            const bool keep = isq ? j + e <= i : j + e < i;
+            const float gam = __expf(keep ? gi[hr] - (e ? gj.y : gj.x) : 0.f);
+            const float c = e ? cj.y : cj.x, dot = acc[k][nj][2 * hr + e];
+            x[e] = keep ? (isq ? ri[hr] * gam * c * dot : ri[hr] * gam * (si[hr] * c) * dot) : 0.f;
           }
-          *reinterpret_cast<float2*>(dst + i * kMP + j) = make_float2(x[0], x[1]);
+          store(i, j, x[0], x[1]);
         }
+      }
     });
   };
-  epilogue(false, lm);
+  epilogue(false, [&](int i, int j, float x0, float x1) {
+    *reinterpret_cast<float2*>(lm + i * kMP + j) = make_float2(x0, x1);
+  });
   __syncthreads();
   invert_unit_lower(lm, tm, reinterpret_cast<float*>(Kr));  // K is dead by now; + barrier
-  epilogue(true, Pf);
-  __syncthreads();
+  epilogue(true, [&](int i, int j, float x0, float x1) {
+    const int off = wy_packed_offset(i, j);
+    store_split_bf16x2(Ps + off, Ps + R::tile + off, x0, x1);
+  });
 
-  // T split into the record: 16-byte piece q of the packed triangle (block q / 32, matrix
-  // (q / 8) % 4, row q % 8: 8 columns of one row), stores in record order (coalesced). Only
-  // blocks on and below the diagonal are read, where tm is valid (zeros above the diagonal
+  // T split into the record and into Ts: 16-byte piece q of the packed triangle (block q / 32,
+  // matrix (q / 8) % 4, row q % 8: 8 columns of one row), stores in record order (coalesced).
+  // Only blocks on and below the diagonal are read, where tm is valid (zeros above the diagonal
   // inside the diagonal blocks).
   for (int q = tid; q < int(R::tile / 16); q += kWyThreads) {
     const int b = q >> 5, m = (q >> 3) & 3, mi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
@@ -401,32 +423,29 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
     split_bf16x2(x1.z, x1.w, hi.w, lo.w);
     *reinterpret_cast<uint4*>(rec + R::th + q * 16) = hi;
     *reinterpret_cast<uint4*>(rec + R::tl + q * 16) = lo;
+    *reinterpret_cast<uint4*>(Ts + q * 16) = hi;
+    *reinterpret_cast<uint4*>(Ts + R::tile + q * 16) = lo;
   }
-  // P T on the 10 lower 16 x 16 tiles (mi, nb): sum over k-blocks nb..mi of P_(mi,ks) T_(ks,nb),
-  // fp32 operands split into bf16 hi + lo as they are loaded (hi hi + hi lo + lo hi).
+  __syncthreads();
+  // P T on the 10 lower 16 x 16 tiles (mi, nb): sum over k-blocks nb..mi of P_(mi,ks) T_(ks,nb)
+  // (hi hi + hi lo + lo hi), both operands by ldmatrix from the packed split tiles: P's block
+  // as the A fragment, T's by the transposing load as the two 8-column B fragments.
   for (int u = warp; u < 10; u += kWyThreads / 32) {
     bool isq;
     int mi, nb;
     unit_tile(u, isq, mi, nb);
     float d[2][3][4] = {};
     for (int ks = nb; ks <= mi; ++ks) {
-      uint32_t ah[4], al[4];
+      const int pa = (mi * (mi + 1) / 2 + ks) * int(R::block) + lane * 16;
+      const int tb = (ks * (ks + 1) / 2 + nb) * int(R::block) + lane * 16;
+      uint32_t ah[4], al[4], bh[4], bl[4];
+      ldsm4(ah, Ps + pa);
+      ldsm4(al, Ps + R::tile + pa);
+      ldsm4_t(bh, Ts + tb);
+      ldsm4_t(bl, Ts + R::tile + tb);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {  // a0 (g, 2t), a1 (g+8, 2t), a2 (g, 2t+8), a3 (g+8, 2t+8)
-        const float2 x = *reinterpret_cast<const float2*>(Pf + (mi * 16 + g + (e & 1) * 8) * kMP +
-                                                          ks * 16 + 2 * t4 + (e >> 1) * 8);
-        split_bf16x2(x.x, x.y, ah[e], al[e]);
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        uint32_t bh[2], bl[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {  // b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
-          const int k = ks * 16 + 2 * t4 + e * 8, col = nb * 16 + nt * 8 + g;
-          split_bf16x2(tm[k * kMP + col], tm[(k + 1) * kMP + col], bh[e], bl[e]);
-        }
-        mma_bf16_split(d[nt], ah, al, bh[0], bh[1], bl[0], bl[1]);
-      }
+      for (int nt = 0; nt < 2; ++nt)
+        mma_bf16_split(d[nt], ah, al, bh[2 * nt], bh[2 * nt + 1], bl[2 * nt], bl[2 * nt + 1]);
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
