@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kChunkThreads)
   constexpr int nwarps = kChunkThreads / 32;
   const ScanTile blk = scan_tile(p, K, V, VS);
   if (blk.slot.skip) return;  // pool index -1: nothing read, nothing written
-  const int hv = blk.hv, n = blk.n, h = blk.h, c0 = blk.c0;
+  const int hv = blk.hv, h = blk.h, c0 = blk.c0;
   const float* s_in = blk.slot.in;
   float* s_out = blk.slot.out;
   const SeqRange sr = blk.sr;

@@ -198,7 +198,7 @@ struct PrepTile {
 __device__ __forceinline__ PrepTile prep_tile(const KernelParams& p) {
   PrepTile t;
   t.c = int(blockIdx.x), t.hv = int(blockIdx.y), t.n = int(blockIdx.z);
-  t.h = t.hv / (p.HV / p.H);
+  t.h = key_head(p, t.hv);
   t.sr = seq_range(p, t.n);
   const int64_t cs = int64_t(t.c) * kFC;
   t.L = cs >= t.sr.len ? 0 : int(t.sr.len - cs < kFC ? t.sr.len - cs : kFC);

@@ -164,12 +164,17 @@ __device__ __forceinline__ int wy_packed_offset(int i, int j) {
 template <class E, int NCOLS>
 __device__ __forceinline__ void load_rows_async(E* dst, int DP, const E* src, int64_t rs, int L) {
   constexpr int VE = int(16 / sizeof(E)), nv = NCOLS / VE;
-  if constexpr (kWyThreads % nv == 0) {
+  if constexpr (kWyThreads % nv == 0 && kFC % (kWyThreads / nv) == 0) {
     constexpr int di = kWyThreads / nv;
-    const int r = (int(threadIdx.x) % nv) * VE;
+    const int r = (int(threadIdx.x) % nv) * VE, i0 = int(threadIdx.x) / nv;
+    // The source offset is stepped by di rows, not multiplied per row (64-bit products).
+    const int64_t step = int64_t(di) * rs;
+    int64_t off = int64_t(i0) * rs + r;
 #pragma unroll
-    for (int i = int(threadIdx.x) / nv; i < kFC; i += di)
-      cp16(dst + i * DP + r, src + int64_t(i < L ? i : 0) * rs + r, i < L);
+    for (int k = 0; k < kFC / di; ++k, off += step) {
+      const int i = i0 + k * di;
+      cp16(dst + i * DP + r, src + (i < L ? off : int64_t(r)), i < L);
+    }
   } else {
     constexpr int di = kWyThreads / nv, dr = (kWyThreads - di * nv) * VE;
     int i = int(threadIdx.x) / nv, r = (int(threadIdx.x) - i * nv) * VE;
@@ -277,7 +282,9 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
   static_assert((lead_bytes + l_bytes) % 16 == 0, "T's rows are read as float4");
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // The warp index through a shuffle from lane 0: the compiler then knows it is warp-uniform
+  // and branches on the units (for_units) without reconvergence bookkeeping.
+  const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
   const int g = lane >> 2, t4 = lane & 3;
   const E* kb = static_cast<const E*>(p.k) + sr.b * p.ks[0] + tb * p.ks[1] + int64_t(h) * p.ks[2];
   const E* qb = static_cast<const E*>(p.q) + sr.b * p.qs[0] + tb * p.qs[1] + int64_t(h) * p.qs[2];
@@ -292,7 +299,8 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   // fp16 / fp32: the K / Q images every value slice of the scan reads, once per key head (by
   // its group's first value head).
   if constexpr (!std::is_same_v<E, __nv_bfloat16>)
-    if (hv % (p.HV / p.H) == 0) write_wy_images<E, KD>(Kr, Qr, KP, wy_image_pair<KD>(p, slot, h));
+    if (p.HV == p.H || hv % (p.HV / p.H) == 0)
+      write_wy_images<E, KD>(Kr, Qr, KP, wy_image_pair<KD>(p, slot, h));
   // K K^T and Q K^T on the 10 lower 16 x 16 tiles each: bf16 / fp16 inputs are exact in the
   // instruction; fp32 inputs enter split TF32 hi + lo (three products, ~2^-21, as the TF32 path).
   // Unit u < 10: K K^T tile, else Q K^T tile; tile tl -> (row block mi, column block nb <= mi).

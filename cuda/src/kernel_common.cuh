@@ -80,6 +80,11 @@ __device__ __forceinline__ float parts_sum(const float (&d)[3][4], int e) {
 struct SeqRange {
   int64_t b, t0, len;
 };
+/// The query / key head that value head hv reads (HV a multiple of H; no division where they
+/// are equal, the common case).
+__device__ __forceinline__ int key_head(const KernelParams& p, int hv) {
+  return p.HV == p.H ? hv : hv / (p.HV / p.H);
+}
 __device__ __forceinline__ SeqRange seq_range(const KernelParams& p, int n) {
   if (p.cu_seqlens) {
     const int64_t a = p.cu_seqlens[n], e = p.cu_seqlens[n + 1];
@@ -131,7 +136,7 @@ __device__ __forceinline__ ScanTile scan_tile(const KernelParams& p, int K, int 
   t.slice = int(blockIdx.x % nslices);
   t.hv = int((blockIdx.x / nslices) % p.HV);
   t.n = int(blockIdx.x / (unsigned(nslices) * p.HV));
-  t.h = t.hv / (p.HV / p.H);
+  t.h = key_head(p, t.hv);
   t.c0 = t.slice * VS;
   t.slot = state_slot(p, t.n, t.hv, int64_t(K) * V);
   t.sr = seq_range(p, t.n);

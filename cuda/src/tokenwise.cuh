@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kTokWarps * 32, KMAX <= 128 ? 4 : 1)
   const int slice = int(task % nslices);
   const int hv = int((task / nslices) % p.HV);
   const int n = int(task / (int64_t(nslices) * p.HV));
-  const int h = hv / (p.HV / p.H);
+  const int h = key_head(p, hv);
   const int K = p.K, V = p.V;
   const int64_t KV = int64_t(K) * V;
 
