@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   load_rows_async<E, KD>(Kr, KP, kb, p.ks[1], L);
   load_rows_async<E, KD>(Qr, KP, qb, p.qs[1], L);
   cp_commit();
+  token_scalars_preload(p, sr, tb, L, hv, bet, Gv);
   cp_wait<0>();
   __syncthreads();
 
@@ -368,7 +369,8 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
       }
   });
   __syncthreads();
-  chunk_token_scalars(p, sr, tb, L, hv, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2);  // + barrier
+  chunk_token_scalars(p, sr, tb, L, hv, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2,
+                      true);  // + barrier
   // The masked, scaled tiles: K K^T -> lm now (the inverse's input), Q K^T -> P after the
   // inverse (the accumulators wait in registers), split into bf16 hi + lo in the packed layout
   // (wy_packed_offset) for the P T product. A thread's rows i = 16 mi + g + 8 hr and columns
