@@ -521,7 +521,7 @@ static_assert(kla::detail::wy_image_bytes(64, true) == wy_kq_tile_bytes<float, 6
 /// WY path runs on).
 constexpr int64_t kSm90MaxSmem = 227 * 1024;
 template <class E, int KD, int VS>
-__host__ __device__ constexpr int64_t wy_scan_smem_bytes_v(bool v_in_smem);
+__host__ __device__ constexpr int64_t wy_scan_smem_bytes_v(bool v_in_smem, int stages = 2);
 /// Whether the scan's V slice goes through the stages (a tensor copy per chunk) or, where the
 /// stages have no room for it (fp16 / fp32 at VS = 32), from global memory straight to the
 /// recurrence warps' registers a chunk ahead (~4% slower where both fit, measured on bf16).
@@ -581,17 +581,28 @@ static_assert(wy_split_layout_is_one_to_one<128, 8>() && wy_split_layout_is_one_
                   wy_split_layout_is_one_to_one<64, 32>(),
               "split B tile layout");
 
-/// Two stages, the state split twice (S_c read while S_c+1 is written) and X split (wgmma B
-/// tiles, K-major: [value column][key or token]), R split ([token][SP], mma.sync B), then the
-/// two stage barriers.
+/// `stages` stages, the state split twice (S_c read while S_c+1 is written) and X split (wgmma
+/// B tiles, K-major: [value column][key or token]), R split ([token][SP], mma.sync B), then the
+/// stage barriers.
 template <class E, int KD, int VS>
-__host__ __device__ constexpr int64_t wy_scan_smem_bytes_v(bool v_in_smem) {
-  return 2 * wy_stage_bytes_v<E, KD, VS>(v_in_smem) + 2 * wy_state_split_bytes<KD, VS>() +
-         2LL * VS * 128 + 2LL * kFC * wy_scan_pitch<VS>() * 2 + 2 * 8;
+__host__ __device__ constexpr int64_t wy_scan_smem_bytes_v(bool v_in_smem, int stages) {
+  return stages * wy_stage_bytes_v<E, KD, VS>(v_in_smem) + 2 * wy_state_split_bytes<KD, VS>() +
+         2LL * VS * 128 + 2LL * kFC * wy_scan_pitch<VS>() * 2 + stages * 8;
+}
+/// Stages of the scan's copy ring: three at VS = 8 where they fit (bf16), so that a chunk's
+/// copies have two chunk periods to land, not one (H200 1 x 131072 x 8: the stage wait 202 -> 66
+/// cycles a chunk, -10%); else two (at VS = 16 a third stage made bf16 1 x 32768 x 16 2% and
+/// K96 / V192 6% slower; prefill_notes.md, session 11).
+template <class E, int KD, int VS>
+__host__ __device__ constexpr int wy_scan_stages() {
+  return VS == 8 && wy_v_in_smem<E, KD, VS>() &&
+                 wy_scan_smem_bytes_v<E, KD, VS>(true, 3) <= kSm90MaxSmem
+             ? 3
+             : 2;
 }
 template <class E, int KD, int VS>
 __host__ __device__ constexpr int64_t wy_scan_smem_bytes() {
-  return wy_scan_smem_bytes_v<E, KD, VS>(wy_v_in_smem<E, KD, VS>());
+  return wy_scan_smem_bytes_v<E, KD, VS>(wy_v_in_smem<E, KD, VS>(), wy_scan_stages<E, KD, VS>());
 }
 
 /// One k-step of a split product: d[nt][part] += A B_ks for an A fragment as bf16 parts (ah, al)
@@ -746,6 +757,7 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
   constexpr int64_t kStage = wy_stage_bytes<E, KD, VS>(), kTile = wy_kq_tile_bytes<E, KD>();
   constexpr bool kVSmem = wy_v_in_smem<E, KD, VS>();
   constexpr int kPanels = (KD + 63) / 64, kProducer = wy_producer_warp<E>();
+  constexpr int kStages = wy_scan_stages<E, KD, VS>();
   // Bytes between the 64-column hi panels of the A tiles, and from a hi panel to its lo panel.
   constexpr int kAPanel = kImages ? 2 * kFC * 128 : kFC * 128, kALo = kFC * 128;
   constexpr int kRecThreads = kWyRecWarps * 32, kRThreads = (kWyRecWarps + kWyReadWarps) * 32;
@@ -769,7 +781,7 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
   // tiles (wgmma.cuh: K-major, [value column][key or token], 128-byte swizzle); R is an
   // mma.sync B operand ([token][SP]).
   constexpr int kSSplit = int(wy_state_split_bytes<KD, VS>()), kXSplit = 2 * VS * 128;
-  char* Sbuf = smem + 2 * kStage;  // [2][KD / 64 panels][2 VS rows (wy_split_row)][128 B]
+  char* Sbuf = smem + kStages * kStage;  // [2][KD / 64 panels][2 VS rows][128 B]
   auto s_split = [&](int b) { return Sbuf + b * kSSplit; };
   char* Xs = Sbuf + 2 * kSSplit;  // [2 VS rows][128 B] diag(update scale) U split
   auto* Rh = reinterpret_cast<__nv_bfloat16*>(Xs + kXSplit);  // [C][SP] R split
@@ -805,10 +817,8 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
   E* obase = static_cast<E*>(p.o) + sr.b * p.os[0] + int64_t(hv) * p.os[2] + c0;
   const int64_t rec_bytes = p.ws_record_floats * 4;
 
-  if (tid == 0) {
-    mbar_init(&full[0], 1);
-    mbar_init(&full[1], 1);
-  }
+  if (tid == 0)
+    for (int st = 0; st < kStages; ++st) mbar_init(&full[st], 1);
   // The state in the recurrence warps' registers, as the two warpgroups' wgmma results of
   // K^T X: at KD = 64 warpgroup j holds the key rows in column half j, otherwise warpgroup j
   // key rows 64 j.. (at KD = 96 warps 6 and 7 compute rows past KD, zero, and hold nothing).
@@ -840,13 +850,13 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
   }
   __syncthreads();  // barriers initialised, state split visible
 
-  // Chunk ch's tiles into stage st, completing on full[st], issued by the producer warp right
-  // after the barrier that ends every read of that stage: the record by one bulk copy, the K and
-  // Q tiles by one tensor copy per 64-column panel, this slice's V columns by one more (rows past
-  // the tensor's end arrive as zeros). Its lanes also ask L2 for chunk ch + kAhead's record and
-  // K / Q rows (each slice of the head a share of the 128-byte lines), so that the copies find
-  // them in L2 rather than DRAM.
-  constexpr int kAhead = 3;
+  // Chunk ch's tiles into stage ch % kStages, completing on its barrier, issued by the producer
+  // warp kStages - 1 chunks ahead, right after the barrier that ends every read of that stage: the
+  // record by one bulk copy, the K and Q tiles by one tensor copy per 64-column panel, this slice's
+  // V columns by one more (rows past the tensor's end arrive as zeros). Its lanes also ask L2 for
+  // chunk ch + kAhead's record and K / Q rows (each slice of the head a share of the 128-byte
+  // lines), so that the copies find them in L2 rather than DRAM.
+  constexpr int kAhead = kStages + 1;
   // fp16 / fp32: chunk ch's K and Q images: wy_image_pair's address, written out (kTile is the
   // image size, asserted with workspace.hpp's above; calling wy_image_pair here reorders the
   // scan's instructions).
@@ -879,9 +889,17 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
       prefetch_kq_rows_l2<E, KD>(p, sr, h, cf, slice, nslices, lane);
   };
   if (warp == kProducer) {
-    for (int cf = 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
-    if (nch > 0 && lane == 0) issue(0, 0);
+    for (int cf = kStages - 1; cf < kAhead && cf < nch; ++cf) prefetch_l2(cf);
+    if (lane == 0)
+      for (int cf = 0; cf < kStages - 1 && cf < nch; ++cf) issue(cf, cf);
   }
+  // The producer's copies after chunk ch's first barrier: chunk ch + kStages - 1 into the stage
+  // chunk ch - 1 used, and the L2 prefetch.
+  auto produce = [&](int ch) {
+    const int cn = ch + kStages - 1;
+    if (lane == 0 && cn < nch) issue(cn % kStages, cn);
+    if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
+  };
 
   // V without room in the stages (!kVSmem): each recurrence warp's step-A elements (rows 16 (w %
   // 4) + g (+8), columns of group w / 4), loaded from global memory one chunk ahead into
@@ -915,12 +933,12 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
   long long prof[7] = {}, prof_t = clock64();
 #endif
   for (int ch = 0; ch < nch; ++ch) {
-    const int st = ch & 1, sb = ch & 1;
+    const int st = ch % kStages, sb = ch & 1;
     const int64_t cs0 = int64_t(ch) * C;
     const int L = int(sr.len - cs0 < C ? sr.len - cs0 : C);
     const int64_t tb = sr.t0 + cs0;
     KLA_WY_MARK(6);
-    mbar_wait(&full[st], unsigned(ch >> 1) & 1u);
+    mbar_wait(&full[st], unsigned(ch / kStages) & 1u);
     KLA_WY_MARK(0);
     // A last chunk: key rows past the sequence end may hold the next sequence's tokens; zero
     // them (the recurrence warps, their only readers; the images have zeros there already).
@@ -933,8 +951,8 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
       }
       fence_proxy_async_shared();  // the tensor cores read the K tile (wgmma A operand)
     }
-    // Chunk ch's tiles visible to all; every read of stage st ^ 1 (chunk ch - 1, read-out
-    // included) and of state buffer sb ^ 1 is done.
+    // Chunk ch's tiles visible to all; every read of chunk ch - 1's stage (read-out included)
+    // and of state buffer sb ^ 1 is done.
     __syncthreads();
     KLA_WY_MARK(1);
     const char* rec = st_rec(st);
@@ -1010,12 +1028,9 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
         }
       }
     } else if (warp < kWyRecWarps + kWyReadWarps) {
-      // fp16 / fp32: the first read-out warp is the producer; the next chunk's copies (stage st
-      // ^ 1 is free after the barrier) before its share of the read-out.
-      if (!wy_own_producer<E>() && warp == kProducer) {
-        if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
-        if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
-      }
+      // fp16 / fp32: the first read-out warp is the producer; its copies before its share of
+      // the read-out.
+      if (!wy_own_producer<E>() && warp == kProducer) produce(ch);
       // Read-out of row block mi: O = diag(gamma qscale) Q S_ch + (P T) R, written out: Q S
       // while the recurrence warps form R, (P T) R once they have.
       const int mi = warp - kWyRecWarps;
@@ -1044,9 +1059,8 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
           *reinterpret_cast<E2*>(obase + (tb + i) * p.os[1] + cc) = pair;
         }
       named_bar_sync(kWyBarPadRead, kWyReadWarps * 32);  // racecheck's count (see above)
-    } else {  // bf16's producer warp: the next chunk's copies (stage st ^ 1 is free)
-      if (lane == 0 && ch + 1 < nch) issue(st ^ 1, ch + 1);
-      if (ch + kAhead < nch) prefetch_l2(ch + kAhead);
+    } else {                                             // bf16's producer warp
+      produce(ch);
       named_bar_sync(kWyBarPadProducer, 32);  // racecheck's count (see above)
       named_bar_sync(kWyBarPadProducer, 32);
     }
