@@ -75,7 +75,8 @@ run kernels 400 "$DIST/test_cuda_kernels"
 run props 400 "$DIST/test_cuda_props"
 # The other chunkwise paths on the same GPU (docs/api.md, KLA_CHUNK_PATH): the WY scan with
 # 32-column slices (chosen only for many heads), with 16 (small problems at K >= 96 take 8 by
-# default) and with 8 (three copy stages) on every shape it takes, the transposed scan (wy64: bf16, 64-column slices), and the sm_80-level TF32 path.
+# default) and with 8 (three copy stages) on every shape it takes, the transposed scan (wy64:
+# bf16, 64-column slices), and the sm_80-level TF32 path.
 KLA_CHUNK_PATH=wy16 run kernels-wy16 400 "$DIST/test_cuda_kernels"
 KLA_CHUNK_PATH=wy8 run kernels-wy8 400 "$DIST/test_cuda_kernels"
 KLA_CHUNK_PATH=wy32 run kernels-wy32 400 "$DIST/test_cuda_kernels"
