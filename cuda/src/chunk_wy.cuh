@@ -31,7 +31,8 @@
 //       the producer (bf16: a 13th warp; fp16 / fp32: the first read-out warp) issues the next
 //         chunk's copies (record by one bulk copy; bf16 K / Q as
 //         128-byte swizzled boxes by tensor copies, fp16 / fp32 the prep's images of them by one
-//         bulk copy; V's slice by a tensor copy) into a two-stage ring, and L2 prefetches further
+//         bulk copy; V's slice by a tensor copy) into a two-stage ring (three at bf16 VS = 8,
+//         wy_scan_stages: copies then issued two chunks ahead), and L2 prefetches further
 //         ahead. Where the stages have no room for V (fp16 / fp32 at VS = 32, wy_v_in_smem), V
 //         goes from global memory to the recurrence warps' registers a chunk ahead instead.
 //     K S, Q S and K^T X run on wgmma (wgmma.cuh) with both operands in shared memory: the K / Q
