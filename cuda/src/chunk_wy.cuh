@@ -238,7 +238,8 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
 template <class E, int KD>
 __host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
   constexpr int64_t kq = int64_t(kFC) * raw_pitch<E>(KD) * sizeof(E), l = int64_t(kFC) * kMP * 4;
-  constexpr int64_t lead = kq > 2 * WyRecord::tile ? kq : 2 * WyRecord::tile;
+  constexpr int64_t lead =
+      kq > kInvScratch * 4 + 2 * WyRecord::tile ? kq : kInvScratch * 4 + 2 * WyRecord::tile;
   return lead + (kq > 2 * l ? kq : 2 * l) + 7 * kFC * 4;
 }
 
@@ -262,15 +263,16 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   // The region after the keys holds Q until the masked K K^T overwrites it (Q K^T waits in
   // registers by then), then lm and T side by side: fp32 (KD = 128) 69 KB in all, not 85, so
   // that 3 blocks fit a multiprocessor.
-  // The lead region holds K, then the inverse's scratch, then T split (hi, lo) for P T.
+  // The lead region holds K, then the inverse's scratch beside P split (hi, lo) for P T.
   constexpr int64_t region_bytes = kq_bytes > 2 * l_bytes ? kq_bytes : 2 * l_bytes;
-  constexpr int64_t lead_bytes = kq_bytes > 2 * R::tile ? kq_bytes : 2 * R::tile;
-  E* Kr = reinterpret_cast<E*>(smem);            // [C][KP] raw keys, then the inverse's scratch
-  char* Ts = smem;                               // T split: packed hi tile, then lo
-  char* region = smem + lead_bytes;              // Q, then lm | T
-  E* Qr = reinterpret_cast<E*>(region);          // [C][KP] raw queries
+  constexpr int64_t lead_bytes =
+      kq_bytes > kInvScratch * 4 + 2 * R::tile ? kq_bytes : kInvScratch * 4 + 2 * R::tile;
+  E* Kr = reinterpret_cast<E*>(smem);    // [C][KP] raw keys, then the inverse's scratch
+  char* Ps = smem + kInvScratch * 4;     // P split (before the inverse): packed hi tile, then lo
+  char* region = smem + lead_bytes;      // Q, then lm | T
+  E* Qr = reinterpret_cast<E*>(region);  // [C][KP] raw queries
   float* lm = reinterpret_cast<float*>(region);  // [C][kMP] B(A^- o K^K^T)
-  char* Ps = region;  // P split (after the inverse, in lm's place): packed hi tile, then lo
+  char* Ts = region;  // T split (after the inverse, in lm's place): packed hi tile, then lo
   float* tm = reinterpret_cast<float*>(region + l_bytes);  // [C][kMP] T
   float* ksc = reinterpret_cast<float*>(region + region_bytes);
   float* bet = ksc + C;
@@ -279,7 +281,7 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   float* kn2 = Gv + C;  // squared key norms
   static_assert(wy_prep_smem_bytes<E, KD>() == lead_bytes + region_bytes + 7 * C * 4,
                 "prep shared layout");
-  static_assert(l_bytes >= 2 * R::tile, "P split fits in lm's place");
+  static_assert(l_bytes >= 2 * R::tile && (kInvScratch * 4) % 16 == 0, "split tiles' places");
   static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
   static_assert((lead_bytes + l_bytes) % 16 == 0, "T's rows are read as float4");
 
@@ -372,12 +374,11 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   __syncthreads();
   chunk_token_scalars(p, sr, tb, L, hv, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2,
                       true);  // + barrier
-  // The masked, scaled tiles: K K^T -> lm now (the inverse's input), Q K^T -> P after the
-  // inverse (the accumulators wait in registers), split into bf16 hi + lo in the packed layout
-  // (wy_packed_offset) for the P T product. A thread's rows i = 16 mi + g + 8 hr and columns
-  // j = 16 nb + 8 nj + 2 t4 + e: their scalars are read once a tile, and a masked entry's
-  // exponent is forced to 0 and its value selected to 0 (no branch; the kept entries are
-  // bit-identical to exp(G_i - G_j) scaled in the same order).
+  // The masked, scaled tiles: K K^T -> lm (the inverse's input), Q K^T -> P, split into bf16
+  // hi + lo in the packed layout (wy_packed_offset) for the P T product. A thread's rows i = 16 mi
+  // + g + 8 hr and columns j = 16 nb + 8 nj + 2 t4 + e: their scalars are read once a tile, and a
+  // masked entry's exponent is forced to 0 and its value selected to 0 (no branch; the kept entries
+  // are bit-identical to exp(G_i - G_j) scaled in the same order).
   auto epilogue = [&](bool want_q, auto store) {
     for_units(20, [&](int k, bool isq, int mi, int nb) {
       if (isq != want_q) return;
@@ -408,15 +409,17 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
       }
     });
   };
+  // Both before the inverse, so that no accumulator stays live through it (registers: the
+  // prep runs at 64 with spills).
   epilogue(false, [&](int i, int j, float x0, float x1) {
     *reinterpret_cast<float2*>(lm + i * kMP + j) = make_float2(x0, x1);
   });
-  __syncthreads();
-  invert_unit_lower(lm, tm, reinterpret_cast<float*>(Kr));  // K is dead by now; + barrier
   epilogue(true, [&](int i, int j, float x0, float x1) {
     const int off = wy_packed_offset(i, j);
     store_split_bf16x2(Ps + off, Ps + R::tile + off, x0, x1);
   });
+  __syncthreads();
+  invert_unit_lower(lm, tm, reinterpret_cast<float*>(Kr));  // K is dead by now; + barrier
 
   // T split into the record and into Ts: 16-byte piece q of the packed triangle (block q / 32,
   // matrix (q / 8) % 4, row q % 8: 8 columns of one row), stores in record order (coalesced).
