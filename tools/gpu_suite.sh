@@ -64,6 +64,9 @@ run() {
   skipped=$(grep -Eo '^\[  SKIPPED \] [0-9]+' "$tmp" | grep -Eo '[0-9]+$' | tail -1)
   local errs
   errs=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$tmp" | tail -1 | grep -Eo '[0-9]+$')
+  # racecheck prints its own summary line: the hazards it found.
+  [[ -z $errs ]] && errs=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+ hazards' "$tmp" | tail -1 |
+    grep -Eo '[0-9]+' | head -1)
   tail -n 25 "$tmp"
   rm -f "$tmp"
   SUMMARY+=("$(printf '| %-22s | %3s | %6s | %6s | %7s | %9s | %5ss |' "$name" "$rc" \
