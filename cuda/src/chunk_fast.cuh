@@ -216,9 +216,9 @@ __host__ __device__ inline int64_t prep_smem_bytes(int K, int esize) {
   return (prep_kq_floats(K, esize) + int64_t(kFC) * kMP + 4LL * kFC) * 4;
 }
 
-/// Threads [0, kFC) load their token's eta and log decay (0 past L) into bet / Gv, for
-/// chunk_token_scalars(..., preloaded = true) after a barrier: issued early, their latency
-/// overlaps the tile loads.
+/// Threads [0, kFC) load their token's eta and log decay (0 past L) into bet / Gv, which
+/// chunk_token_scalars reads after a barrier: issued at the prep's start, their latency overlaps
+/// the tile loads.
 __device__ __forceinline__ void token_scalars_preload(const KernelParams& p, const SeqRange& sr,
                                                       int64_t tb, int L, int hv, float* bet,
                                                       float* Gv) {
@@ -232,17 +232,14 @@ __device__ __forceinline__ void token_scalars_preload(const KernelParams& p, con
 /// Per-token scalars of one chunk (rows [0, kFC), rows >= L padding): kscale, beta, the
 /// read-out scale and the inclusive cumulative log decay G, into shared arrays. ks / qs are the
 /// raw key / query tiles (pitch KP); kn2, when given, holds the squared key norms already (the
-/// diagonal of K K^T), and query norms are summed only for the l2-norm read-out. preloaded:
-/// bet / Gv hold the tokens' eta / log decay already (token_scalars_preload, visible to every
-/// thread), which then leave the global loads' latency off this step. Ends with a barrier. All
-/// kPrepThreads threads call it.
+/// diagonal of K K^T), and query norms are summed only for the l2-norm read-out. bet / Gv hold
+/// the tokens' eta / log decay on entry (token_scalars_preload, visible to every thread). Ends
+/// with a barrier. All kPrepThreads threads call it.
 template <class E>
-__device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, const SeqRange& sr,
-                                                    int64_t tb, int L, int hv, const E* ks,
+__device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, int L, const E* ks,
                                                     const E* qs, int KP, int K, float* ksc,
                                                     float* bet, float* qsc, float* Gv,
-                                                    const float* kn2 = nullptr,
-                                                    bool preloaded = false) {
+                                                    const float* kn2 = nullptr) {
   constexpr int C = kFC;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const bool sum_k = kn2 == nullptr, sum_q = p.l2norm != 0;
@@ -267,13 +264,7 @@ __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, const
     }
     if (!sum_k) n2 = kn2[i];
     float eta = 0.f, gl = 0.f;
-    if (preloaded) {
-      if (!per_warp || lane == 0) eta = bet[i], gl = Gv[i];  // the thread that overwrites them
-    } else if (i < L) {
-      const int64_t t = tb + i;
-      eta = token_eta(p, sr.b, t, hv);
-      gl = token_log_decay(p, sr.b, t, hv);
-    }
+    if (!per_warp || lane == 0) eta = bet[i], gl = Gv[i];  // the thread that overwrites them
     const TokenCoef tc = i < L ? token_coef(n2, eta, p.eps, p.kaczmarz) : TokenCoef{0.f, 0.f};
     if (!per_warp || lane == 0) {
       ksc[i] = tc.kscale;
@@ -407,7 +398,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   token_scalars_preload(p, sr, tb, L, hv, bet, Gv);
   cp_wait<0>();
   __syncthreads();
-  chunk_token_scalars(p, sr, tb, L, hv, ks, qs, KP, K, ksc, bet, qsc, Gv, nullptr, true);
+  chunk_token_scalars(p, L, ks, qs, KP, K, ksc, bet, qsc, Gv);
 
   float* w = ws + (chunk_slot(p, n, sr, c) * p.HV + hv) * p.ws_record_floats;
   // K K^T and Q K^T on the 20 lower 16 x 8 tiles (40 units over the warps), scaled on the

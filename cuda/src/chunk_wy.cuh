@@ -260,10 +260,10 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   const int64_t tb = pt.tb;
 
   constexpr int64_t kq_bytes = int64_t(C) * KP * sizeof(E), l_bytes = int64_t(C) * kMP * 4;
-  // The region after the keys holds Q until the masked K K^T overwrites it (Q K^T waits in
-  // registers by then), then lm and T side by side: fp32 (KD = 128) 69 KB in all, not 85, so
-  // that 3 blocks fit a multiprocessor.
-  // The lead region holds K, then the inverse's scratch beside P split (hi, lo) for P T.
+  // The lead region holds K, then the inverse's scratch beside P split (hi, lo) for P T. The
+  // region after it holds Q until the masked K K^T overwrites it (Q K^T waits in registers by
+  // then), then lm and T side by side: fp32 (KD = 128) 69 KB in all, not 85, so that 3 blocks
+  // fit a multiprocessor.
   constexpr int64_t region_bytes = kq_bytes > 2 * l_bytes ? kq_bytes : 2 * l_bytes;
   constexpr int64_t lead_bytes =
       kq_bytes > kInvScratch * 4 + 2 * R::tile ? kq_bytes : kInvScratch * 4 + 2 * R::tile;
@@ -372,8 +372,7 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
       }
   });
   __syncthreads();
-  chunk_token_scalars(p, sr, tb, L, hv, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2,
-                      true);  // + barrier
+  chunk_token_scalars(p, L, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2);  // + barrier
   // The masked, scaled tiles: K K^T -> lm (the inverse's input), Q K^T -> P, split into bf16
   // hi + lo in the packed layout (wy_packed_offset) for the P T product. A thread's rows i = 16 mi
   // + g + 8 hr and columns j = 16 nb + 8 nj + 2 t4 + e: their scalars are read once a tile, and a
@@ -1063,7 +1062,8 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
           *reinterpret_cast<E2*>(obase + (tb + i) * p.os[1] + cc) = pair;
         }
       named_bar_sync(kWyBarPadRead, kWyReadWarps * 32);  // racecheck's count (see above)
-    } else {                                             // bf16's producer warp
+    } else {
+      // bf16's producer warp.
       produce(ch);
       named_bar_sync(kWyBarPadProducer, 32);  // racecheck's count (see above)
       named_bar_sync(kWyBarPadProducer, 32);
