@@ -28,25 +28,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-/// D += A B, fp16 inputs, fp32 accumulation.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/// The raw-input product of dtype E (bf16 or fp16): both operands exact in the instruction.
-template <class E>
-__device__ __forceinline__ void mma_raw(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  if constexpr (std::is_same_v<E, __half>)
-    mma_f16(d, a, b0, b1);
-  else
-    mma_bf16(d, a, b0, b1);
-}
-
 /// One k-step of a split product into its three parts: d[0] += Ah Bh, d[1] += Ah Bl, d[2] +=
 /// Al Bh (Al Bl is below the split's precision and dropped).
 __device__ __forceinline__ void mma_bf16_split(float (&d)[3][4], const uint32_t (&ah)[4],
@@ -93,17 +74,9 @@ __device__ __forceinline__ void stsm4_t(void* p, uint32_t r0, uint32_t r1, uint3
       : "memory");
 }
 
-// Lane addresses (element offsets) for the four fragment shapes, matrix m = lane / 8.
-// A (16 x 16) at (r0, k0) of a row-major [m][k] matrix, pitch P.
-__device__ __forceinline__ int frag_a(int P, int r0, int k0, int lane) {
-  return (r0 + (lane & 15)) * P + k0 + (lane >> 4) * 8;
-}
-// Two B tiles (k 16 x n 8, n-tiles n0 and n0+8) of a [n][k] matrix (use with ldsm4):
-// r0, r1 = b0, b1 of the first n-tile, r2, r3 of the second.
-__device__ __forceinline__ int frag_b_nk(int P, int k0, int n0, int lane) {
-  return (n0 + (lane >> 4) * 8 + (lane & 7)) * P + k0 + ((lane >> 3) & 1) * 8;
-}
-// Two B tiles of a [k][n] matrix (use with ldsm4_t), same register order.
+// Lane address (element offset; matrix m = lane / 8) of two B tiles (k 16 x n 8, n-tiles n0 and
+// n0 + 8) of a [k][n] matrix with pitch P, for ldsm4_t: r0, r1 = b0, b1 of the first n-tile, r2,
+// r3 of the second.
 __device__ __forceinline__ int frag_b_kn(int P, int k0, int n0, int lane) {
   return (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + n0 + (lane >> 4) * 8;
 }

@@ -239,7 +239,8 @@ template <class E>
 __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, int L, const E* ks,
                                                     const E* qs, int KP, int K, float* ksc,
                                                     float* bet, float* qsc, float* Gv,
-                                                    const float* kn2 = nullptr) {
+                                                    const float* kn2 = nullptr,
+                                                    bool q_sw128 = false) {
   constexpr int C = kFC;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const bool sum_k = kn2 == nullptr, sum_q = p.l2norm != 0;
@@ -255,7 +256,11 @@ __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, int L
           n2 = fmaf(kv, kv, n2);
         }
         if (sum_q) {
-          const float qv = tof(qs[i * KP + r]);
+          // q_sw128: 64-column panels of kFC rows x 128 B, 16-byte piece c of row i at c ^ i % 8.
+          const int qi =
+              q_sw128 ? (r >> 6) * (kFC * 64) + i * 64 + ((((r >> 3) & 7) ^ (i & 7)) << 3) + (r & 7)
+                      : i * KP + r;
+          const float qv = tof(qs[qi]);
           qn2 = fmaf(qv, qv, qn2);
         }
       }

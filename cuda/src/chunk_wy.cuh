@@ -187,6 +187,29 @@ __device__ __forceinline__ void load_rows_async(E* dst, int DP, const E* src, in
   }
 }
 
+/// Issues cp.async copies of rows [0, kFC) of a 2-byte [.., T, head, KD] tensor (row stride rs,
+/// first row at src) into dst as the wgmma K-major layout: 64-column panels of kFC rows x 128 B,
+/// 16-byte piece c of row r at c ^ r % 8 (the 128-byte swizzle of the TMA boxes). Rows >= L and
+/// columns >= KD (the last panel's tail) are zero-filled. Not committed. Called by all kWyThreads
+/// threads.
+template <class E, int KD>
+__device__ __forceinline__ void load_rows_sw128(void* dst, const E* src, int64_t rs, int L) {
+  static_assert(sizeof(E) == 2, "8 elements a piece");
+  constexpr int nv = (KD + 63) / 64 * 8, di = kWyThreads / nv;  // pieces a row, rows a pass
+  static_assert(kWyThreads % nv == 0 && kFC % di == 0, "whole rows a pass");
+  const int c = int(threadIdx.x) % nv, i0 = int(threadIdx.x) / nv;
+  const bool col_in = c * 8 < KD;
+  // The source offset is stepped by di rows, not multiplied per row (64-bit products).
+  const int64_t step = int64_t(di) * rs;
+  int64_t off = int64_t(i0) * rs + (col_in ? c * 8 : 0);
+  char* d = static_cast<char*>(dst) + (c >> 3) * (kFC * 128);
+#pragma unroll
+  for (int k = 0; k < kFC / di; ++k, off += step) {
+    const int i = i0 + k * di;
+    cp16(d + i * 128 + (((c & 7) ^ (i & 7)) << 4), src + (i < L ? off : 0), i < L && col_in);
+  }
+}
+
 // ---- pass 1: per-chunk preparation ----------------------------------------------------------
 
 /// Chunk slot `slot`'s K image (its Q image follows) for key head h in the workspace
@@ -196,12 +219,13 @@ __device__ __forceinline__ char* wy_image_pair(const KernelParams& p, int64_t sl
   return p.ws_images + (slot * p.H + h) * (2 * kla::detail::wy_image_bytes(KD, true));
 }
 
-/// fp16 / fp32: the chunk's K and Q tiles (raw in shared memory, pitch KP, rows past the chunk
-/// zero) as the scan's wgmma A operands, split into bf16 hi + lo: a K image then a Q image at dst
-/// (workspace.hpp), each 64-column panel as its hi panel then its lo panel, 64 rows x 128 B with
-/// the 128-byte swizzle (16-byte piece c of row r at c ^ r % 8), columns past KD zero. fp16
-/// values are exact in hi + lo; fp32 keep 16 significant bits (relative error <= 2^-17). Piece
-/// order: 8 consecutive threads fill one 128-byte line. Called by all kWyThreads threads.
+/// fp16 / fp32: the chunk's K and Q tiles (raw in shared memory, rows past the chunk zero; fp16:
+/// swizzled panels as load_rows_sw128 leaves them, fp32: rows of pitch KP) as the scan's wgmma A
+/// operands, split into bf16 hi + lo: a K image then a Q image at dst (workspace.hpp), each
+/// 64-column panel as its hi panel then its lo panel, 64 rows x 128 B with the 128-byte swizzle
+/// (16-byte piece c of row r at c ^ r % 8), columns past KD zero. fp16 values are exact in hi +
+/// lo; fp32 keep 16 significant bits (relative error <= 2^-17). Piece order: 8 consecutive
+/// threads fill one 128-byte line. Called by all kWyThreads threads.
 template <class E, int KD>
 __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP, char* dst) {
   constexpr int kPanels = (KD + 63) / 64, kPieces = kFC * kPanels * 8, kPanel = kFC * 128;
@@ -211,10 +235,11 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
     const bool isq = idx >= kPieces;
     const int q = isq ? idx - kPieces : idx, row = q / (kPanels * 8), pn = (q >> 3) % kPanels,
               c = q & 7, k0 = pn * 64 + c * 8;
+    const int line = pn * kPanel + row * 128 + ((c ^ (row & 7)) << 4);  // in the tile or a part
     uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
     if (k0 < KD) {
-      const E* src = (isq ? Qr : Kr) + row * KP + k0;
       if constexpr (std::is_same_v<E, float>) {
+        const E* src = (isq ? Qr : Kr) + row * KP + k0;
         const float4 a = *reinterpret_cast<const float4*>(src);
         const float4 b = *reinterpret_cast<const float4*>(src + 4);
         split_bf16x2(a.x, a.y, hi.x, lo.x);
@@ -222,25 +247,44 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
         split_bf16x2(b.x, b.y, hi.z, lo.z);
         split_bf16x2(b.z, b.w, hi.w, lo.w);
       } else {
-        const uint4 x = *reinterpret_cast<const uint4*>(src);
+        const uint4 x =
+            *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(isq ? Qr : Kr) + line);
         split_f16x2(x.x, hi.x, lo.x);
         split_f16x2(x.y, hi.y, lo.y);
         split_f16x2(x.z, hi.z, lo.z);
         split_f16x2(x.w, hi.w, lo.w);
       }
     }
-    char* d = dst + (isq ? kImage : 0) + pn * 2 * kPanel + row * 128 + ((c ^ (row & 7)) << 4);
+    char* d = dst + (isq ? kImage : 0) + pn * kPanel + line;
     *reinterpret_cast<uint4*>(d) = hi;
     *reinterpret_cast<uint4*>(d + kPanel) = lo;
   }
 }
 
+/// Bytes of one bf16 K or Q tile in the scan: 64-column panels of 64 rows x 128 B (swizzled).
+template <int KD>
+constexpr int64_t wy_tile_bytes() {
+  return int64_t((KD + 63) / 64) * kFC * 128;
+}
+/// The WY prep's shared layout (chunk_wy_prep_kernel): the K tile and the lead region it opens
+/// (K, then the inverse's scratch beside P split; bf16 / fp16: 1024-byte aligned, so that the Q
+/// tile after it is a wgmma operand too), the region after it (Q, then lm | T), and the scalars.
+template <class E, int KD>
+struct WyPrepLayout {
+  // bf16 / fp16: 128-byte-swizzled panels (wgmma operands); fp32: rows of raw_pitch elements.
+  static constexpr bool swizzled = sizeof(E) == 2;
+  static constexpr int64_t kq =
+      swizzled ? wy_tile_bytes<KD>() : int64_t(kFC) * raw_pitch<E>(KD) * 4;
+  static constexpr int64_t l = int64_t(kFC) * kMP * 4;
+  static constexpr int64_t lead_min =
+      kq > kInvScratch * 4 + 2 * WyRecord::tile ? kq : kInvScratch * 4 + 2 * WyRecord::tile;
+  static constexpr int64_t lead = swizzled ? (lead_min + 1023) / 1024 * 1024 : lead_min;
+  static constexpr int64_t region = kq > 2 * l ? kq : 2 * l;
+  static constexpr int64_t bytes = lead + region + 7 * kFC * 4;
+};
 template <class E, int KD>
 __host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
-  constexpr int64_t kq = int64_t(kFC) * raw_pitch<E>(KD) * sizeof(E), l = int64_t(kFC) * kMP * 4;
-  constexpr int64_t lead =
-      kq > kInvScratch * 4 + 2 * WyRecord::tile ? kq : kInvScratch * 4 + 2 * WyRecord::tile;
-  return lead + (kq > 2 * l ? kq : 2 * l) + 7 * kFC * 4;
+  return WyPrepLayout<E, KD>::bytes;
 }
 
 // 4 blocks a multiprocessor: 64 registers with a few spills beat 71 registers at 3 blocks
@@ -249,9 +293,14 @@ __host__ __device__ constexpr int64_t wy_prep_smem_bytes() {
 template <class E, int KD>
 __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
     chunk_wy_prep_kernel(const KernelParams p, char* __restrict__ ws) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using R = WyRecord;
+  using Lay = WyPrepLayout<E, KD>;
   constexpr int C = kFC, KP = raw_pitch<E>(KD);
-  extern __shared__ float4 smem4[];
+  // bf16 / fp16: K and Q as 128-byte-swizzled panels, K K^T and Q K^T by wgmma (exact products,
+  // fp32 sums); fp32: rows of KP elements, the products in split TF32 on mma.sync.
+  constexpr bool kSw = Lay::swizzled;
+  extern __shared__ __align__(1024) float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   const PrepTile pt = prep_tile(p);
   if (pt.L == 0) return;
@@ -259,18 +308,16 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   const SeqRange sr = pt.sr;
   const int64_t tb = pt.tb;
 
-  constexpr int64_t kq_bytes = int64_t(C) * KP * sizeof(E), l_bytes = int64_t(C) * kMP * 4;
+  constexpr int64_t kq_bytes = Lay::kq, l_bytes = Lay::l;
   // The lead region holds K, then the inverse's scratch beside P split (hi, lo) for P T. The
   // region after it holds Q until the masked K K^T overwrites it (Q K^T waits in registers by
   // then), then lm and T side by side: fp32 (KD = 128) 69 KB in all, not 85, so that 3 blocks
   // fit a multiprocessor.
-  constexpr int64_t region_bytes = kq_bytes > 2 * l_bytes ? kq_bytes : 2 * l_bytes;
-  constexpr int64_t lead_bytes =
-      kq_bytes > kInvScratch * 4 + 2 * R::tile ? kq_bytes : kInvScratch * 4 + 2 * R::tile;
-  E* Kr = reinterpret_cast<E*>(smem);    // [C][KP] raw keys, then the inverse's scratch
+  constexpr int64_t region_bytes = Lay::region, lead_bytes = Lay::lead;
+  E* Kr = reinterpret_cast<E*>(smem);    // raw keys, then the inverse's scratch
   char* Ps = smem + kInvScratch * 4;     // P split (before the inverse): packed hi tile, then lo
   char* region = smem + lead_bytes;      // Q, then lm | T
-  E* Qr = reinterpret_cast<E*>(region);  // [C][KP] raw queries
+  E* Qr = reinterpret_cast<E*>(region);  // raw queries
   float* lm = reinterpret_cast<float*>(region);  // [C][kMP] B(A^- o K^K^T)
   char* Ts = region;  // T split (after the inverse, in lm's place): packed hi tile, then lo
   float* tm = reinterpret_cast<float*>(region + l_bytes);  // [C][kMP] T
@@ -279,8 +326,7 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   float* qsc = bet + C;
   float* Gv = qsc + C;
   float* kn2 = Gv + C;  // squared key norms
-  static_assert(wy_prep_smem_bytes<E, KD>() == lead_bytes + region_bytes + 7 * C * 4,
-                "prep shared layout");
+  static_assert(!kSw || lead_bytes % 1024 == 0, "swizzled tiles need 1024 B alignment");
   static_assert(l_bytes >= 2 * R::tile && (kInvScratch * 4) % 16 == 0, "split tiles' places");
   static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
   static_assert((lead_bytes + l_bytes) % 16 == 0, "T's rows are read as float4");
@@ -291,11 +337,17 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   const int g = lane >> 2, t4 = lane & 3;
   const E* kb = static_cast<const E*>(p.k) + sr.b * p.ks[0] + tb * p.ks[1] + int64_t(h) * p.ks[2];
   const E* qb = static_cast<const E*>(p.q) + sr.b * p.qs[0] + tb * p.qs[1] + int64_t(h) * p.qs[2];
-  load_rows_async<E, KD>(Kr, KP, kb, p.ks[1], L);
-  load_rows_async<E, KD>(Qr, KP, qb, p.qs[1], L);
+  if constexpr (kSw) {
+    load_rows_sw128<E, KD>(Kr, kb, p.ks[1], L);
+    load_rows_sw128<E, KD>(Qr, qb, p.qs[1], L);
+  } else {
+    load_rows_async<E, KD>(Kr, KP, kb, p.ks[1], L);
+    load_rows_async<E, KD>(Qr, KP, qb, p.qs[1], L);
+  }
   cp_commit();
   token_scalars_preload(p, sr, tb, L, hv, bet, Gv);
   cp_wait<0>();
+  if constexpr (kSw) fence_proxy_async_shared();  // the tiles for wgmma's reads
   __syncthreads();
 
   const int64_t slot = chunk_slot(p, n, sr, c);
@@ -305,9 +357,8 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   if constexpr (!std::is_same_v<E, __nv_bfloat16>)
     if (p.HV == p.H || hv % (p.HV / p.H) == 0)
       write_wy_images<E, KD>(Kr, Qr, KP, wy_image_pair<KD>(p, slot, h));
-  // K K^T and Q K^T on the 10 lower 16 x 16 tiles each: bf16 / fp16 inputs are exact in the
-  // instruction; fp32 inputs enter split TF32 hi + lo (three products, ~2^-21, as the TF32 path).
-  // Unit u < 10: K K^T tile, else Q K^T tile; tile tl -> (row block mi, column block nb <= mi).
+  // Unit u < 10: K K^T tile, else Q K^T tile (the 10 lower 16 x 16 tiles of each); tile tl -> (row
+  // block mi, column block nb <= mi).
   auto unit_tile = [](int u, bool& isq, int& mi, int& nb) {
     isq = u >= 10;
     const int tl = isq ? u - 10 : u;
@@ -326,97 +377,136 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
       f(k, isq, mi, nb);
     }
   };
-  float acc[3][2][4];
-  for_units(20, [&](int k, bool isq, int mi, int nb) {
-    const E* A = isq ? Qr : Kr;
+  // bf16 / fp16: warpgroup 0 forms K K^T, warpgroup 1 Q K^T, each as one m64n64 wgmma chain (full
+  // 64 x 64; the tiles above the diagonal are not read): warp w holds rows 16 (w % 4).. of all 64
+  // columns, wd[4 (2 nb + nj) + e] as tile (row block w % 4, column block nb)'s mma C fragment of
+  // 8-column tile nj. On mma.sync (16 x 16 tiles spread over the warps) they cost the prep ~15 us
+  // at 1 x 32768 x 16 (prefill_notes.md, session 12).
+  [[maybe_unused]] float wd[32];
+  [[maybe_unused]] float acc[3][2][4];  // fp32: unit k's tile, mma C fragments of its 2 tiles
+  if constexpr (kSw) {
 #pragma unroll
-    for (int nj = 0; nj < 2; ++nj)
+    for (int i = 0; i < 32; ++i) wd[i] = 0.f;
+    wgmma_reg_fence(wd);
+    wgmma_fence();
+    const uint64_t ad0 = wgmma_desc_sw128(warp >= 4 ? Qr : Kr), bd0 = wgmma_desc_sw128(Kr);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[k][nj][e] = 0.f;
-    if constexpr (std::is_same_v<E, float>) {
+    for (int ks = 0; ks < KD / 16; ++ks) {
+      const int off = (ks >> 2) * (C * 128) + (ks & 3) * 32;
+      wgmma_ss_n64<0, E>(wd, wgmma_desc_advance(ad0, off), wgmma_desc_advance(bd0, off));
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    wgmma_reg_fence(wd);
+    // Squared key norms from the diagonal of K K^T (fp32 sums of exact products).
+    if (warp < 4)
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb)
+        if (nb == warp)
+#pragma unroll
+          for (int nj = 0; nj < 2; ++nj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = g + (e >> 1) * 8, j = nj * 8 + 2 * t4 + (e & 1);
+              if (i == j) kn2[nb * 16 + i] = wd[4 * (2 * nb + nj) + e];
+            }
+  } else {
+    // fp32: the 10 lower 16 x 16 tiles of each in split TF32 hi + lo (three products, ~2^-21, as
+    // the TF32 path), unit u < 10 a K K^T tile, else a Q K^T tile, spread over the warps.
+    for_units(20, [&](int k, bool isq, int mi, int nb) {
+      const E* A = isq ? Qr : Kr;
       float d[2][3][4] = {};  // [nj][part]; the A fragment is split once for both column tiles
 #pragma unroll 2
       for (int kk = 0; kk < KD; kk += 8) {
-        const FragA a = load_a_perm<true>(A, KP, mi * 16, kk, g, t4);
+        const FragA fa = load_a_perm<true>(A, KP, mi * 16, kk, g, t4);
 #pragma unroll
         for (int nj = 0; nj < 2; ++nj) {
-          const FragB b = load_b_nk_perm<true>(Kr, KP, kk, nb * 16 + nj * 8, g, t4);
-          mma3<true, true>(d[nj][0], d[nj][1], d[nj][2], a, b);
+          const FragB fb = load_b_nk_perm<true>(Kr, KP, kk, nb * 16 + nj * 8, g, t4);
+          mma3<true, true>(d[nj][0], d[nj][1], d[nj][2], fa, fb);
         }
       }
 #pragma unroll
       for (int nj = 0; nj < 2; ++nj)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[k][nj][e] = parts_sum(d[nj], e);
-    } else {
-#pragma unroll 4
-      for (int ks = 0; ks < KD / 16; ++ks) {
-        uint32_t a[4], b[4];
-        ldsm4(a, A + frag_a(KP, mi * 16, ks * 16, lane));
-        ldsm4(b, Kr + frag_b_nk(KP, ks * 16, nb * 16, lane));
-        mma_raw<E>(acc[k][0], a, b[0], b[1]);
-        mma_raw<E>(acc[k][1], a, b[2], b[3]);
-      }
-    }
-  });
-  // Squared key norms from the diagonal of K K^T (fp32 sums of exact products; fp32 inputs:
-  // of the three-part products).
-  for_units(10, [&](int k, bool, int mi, int nb) {
-    if (nb != mi) return;
+    });
+    // Squared key norms from the diagonal of K K^T (of the three-part products).
+    for_units(10, [&](int k, bool, int mi, int nb) {
+      if (nb != mi) return;
 #pragma unroll
-    for (int nj = 0; nj < 2; ++nj)
+      for (int nj = 0; nj < 2; ++nj)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = g + (e >> 1) * 8, j = nj * 8 + 2 * t4 + (e & 1);
-        if (i == j) kn2[mi * 16 + i] = acc[k][nj][e];
-      }
-  });
+        for (int e = 0; e < 4; ++e) {
+          const int i = g + (e >> 1) * 8, j = nj * 8 + 2 * t4 + (e & 1);
+          if (i == j) kn2[mi * 16 + i] = acc[k][nj][e];
+        }
+    });
+  }
   __syncthreads();
-  chunk_token_scalars(p, L, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2);  // + barrier
+  chunk_token_scalars(p, L, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2, kSw);  // + barrier
   // The masked, scaled tiles: K K^T -> lm (the inverse's input), Q K^T -> P, split into bf16
   // hi + lo in the packed layout (wy_packed_offset) for the P T product. A thread's rows i = 16 mi
   // + g + 8 hr and columns j = 16 nb + 8 nj + 2 t4 + e: their scalars are read once a tile, and a
   // masked entry's exponent is forced to 0 and its value selected to 0 (no branch; the kept entries
   // are bit-identical to exp(G_i - G_j) scaled in the same order).
-  auto epilogue = [&](bool want_q, auto store) {
-    for_units(20, [&](int k, bool isq, int mi, int nb) {
-      if (isq != want_q) return;
-      float gi[2], ri[2], si[2];
+  // One 16 x 16 tile (row block mi, column block nb) of K K^T (isq false) or Q K^T, its products
+  // in a[nj][e] (mma C layout of 8-column tile nj).
+  auto tile_epilogue = [&](bool isq, int mi, int nb, const float(&a)[2][4], auto store) {
+    float gi[2], ri[2], si[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int i = mi * 16 + g + hr * 8;
+      gi[hr] = Gv[i], ri[hr] = isq ? qsc[i] : bet[i], si[hr] = ksc[i];
+    }
+#pragma unroll
+    for (int nj = 0; nj < 2; ++nj) {
+      const int j = nb * 16 + nj * 8 + 2 * t4;
+      const float2 gj = *reinterpret_cast<const float2*>(Gv + j);
+      const float2 cj = *reinterpret_cast<const float2*>(ksc + j);
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int i = mi * 16 + g + hr * 8;
-        gi[hr] = Gv[i], ri[hr] = isq ? qsc[i] : bet[i], si[hr] = ksc[i];
-      }
+        float x[2];
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {
-        const int j = nb * 16 + nj * 8 + 2 * t4;
-        const float2 gj = *reinterpret_cast<const float2*>(Gv + j);
-        const float2 cj = *reinterpret_cast<const float2*>(ksc + j);
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int i = mi * 16 + g + hr * 8;
-          float x[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const bool keep = isq ? j + e <= i : j + e < i;
-            const float gam = __expf(keep ? gi[hr] - (e ? gj.y : gj.x) : 0.f);
-            const float c = e ? cj.y : cj.x, dot = acc[k][nj][2 * hr + e];
-            x[e] = keep ? (isq ? ri[hr] * gam * c * dot : ri[hr] * gam * (si[hr] * c) * dot) : 0.f;
-          }
-          store(i, j, x[0], x[1]);
+        for (int e = 0; e < 2; ++e) {
+          const bool keep = isq ? j + e <= i : j + e < i;
+          const float gam = __expf(keep ? gi[hr] - (e ? gj.y : gj.x) : 0.f);
+          const float c = e ? cj.y : cj.x, dot = a[nj][2 * hr + e];
+          x[e] = keep ? (isq ? ri[hr] * gam * c * dot : ri[hr] * gam * (si[hr] * c) * dot) : 0.f;
         }
+        store(i, j, x[0], x[1]);
       }
-    });
+    }
   };
-  // Both before the inverse, so that no accumulator stays live through it (registers: the
-  // prep runs at 64 with spills).
-  epilogue(false, [&](int i, int j, float x0, float x1) {
+  // Both before the inverse, so that no accumulator stays live through it (registers: the prep
+  // runs at 64).
+  auto store_l = [&](int i, int j, float x0, float x1) {
     *reinterpret_cast<float2*>(lm + i * kMP + j) = make_float2(x0, x1);
-  });
-  epilogue(true, [&](int i, int j, float x0, float x1) {
+  };
+  auto store_p = [&](int i, int j, float x0, float x1) {
     const int off = wy_packed_offset(i, j);
     store_split_bf16x2(Ps + off, Ps + R::tile + off, x0, x1);
-  });
+  };
+  if constexpr (kSw) {  // this warp's tiles of its row block
+    const int mi = warp & 3;
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb)
+      if (nb <= mi) {
+        const float a[2][4] = {{wd[8 * nb], wd[8 * nb + 1], wd[8 * nb + 2], wd[8 * nb + 3]},
+                               {wd[8 * nb + 4], wd[8 * nb + 5], wd[8 * nb + 6], wd[8 * nb + 7]}};
+        if (warp < 4)
+          tile_epilogue(false, mi, nb, a, store_l);
+        else
+          tile_epilogue(true, mi, nb, a, store_p);
+      }
+  } else {  // fp32: the K K^T tiles, then the Q K^T tiles
+    for_units(20, [&](int k, bool isq, int mi, int nb) {
+      if (!isq) tile_epilogue(false, mi, nb, acc[k], store_l);
+    });
+    for_units(20, [&](int k, bool isq, int mi, int nb) {
+      if (isq) tile_epilogue(true, mi, nb, acc[k], store_p);
+    });
+  }
   __syncthreads();
   invert_unit_lower(lm, tm, reinterpret_cast<float*>(Kr));  // K is dead by now; + barrier
 
@@ -486,6 +576,7 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
       x = bet[i - kWyColW] * ksc[i - kWyColW] * __expf(Gv[i - kWyColW]);
     sc[i] = x;
   }
+#endif
 }
 
 // ---- pass 2: the sequential scan ------------------------------------------------------------
@@ -502,11 +593,6 @@ constexpr int wy_scan_pitch() {
 template <int VS>
 constexpr int wy_groups() {
   return VS >= 16 ? 2 : 1;
-}
-/// Bytes of one bf16 K or Q tile in the scan: 64-column panels of 64 rows x 128 B (swizzled).
-template <int KD>
-constexpr int64_t wy_tile_bytes() {
-  return int64_t((KD + 63) / 64) * kFC * 128;
 }
 /// Bytes of one K or Q tile in a scan stage: bf16, the raw TMA boxes (exact wgmma operands);
 /// fp16 / fp32, the prep's image of the tile split into bf16 hi + lo (write_wy_images): for each
@@ -1189,6 +1275,18 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
                 col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
       sT[pn][i] = chain && slot.in && key < KD ? slot.in[int64_t(key) * V + col] : 0.f;
     }
+  // S^T split into bf16 hi + lo as the register A fragments of K S | Q S (k-step ks: keys 16 ks..),
+  // made for chunk ch + 1 as soon as chunk ch's update lands, so that it runs while the chain
+  // would otherwise wait for the stage and the helpers.
+  uint32_t ah[KS][4], al[KS][4];
+  auto split_state = [&] {
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        split_fragment(sT[ks >> 2], ks & 3, r, 1.f, 1.f, ah[ks][r], al[ks][r]);
+  };
+  if (chain) split_state();
   fence_proxy_async_shared();  // the zeroed [T; P T] for the tensor cores
   __syncthreads();
 
@@ -1283,15 +1381,9 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       continue;
     }
     // (K S)^T = S^T K^T and (Q S)^T = S^T Q^T, two independent accumulator chains issued in
-    // turn; S^T split as it enters (hi, then lo, each k-step).
+    // turn; S^T enters split (hi, then lo, each k-step: ah, al).
     float accK[32], accQ[32];
     {
-      uint32_t ah[KS][4], al[KS][4];
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          split_fragment(sT[ks >> 2], ks & 3, r, 1.f, 1.f, ah[ks][r], al[ks][r]);
 #pragma unroll
       for (int i = 0; i < 32; ++i) accK[i] = accQ[i] = 0.f;
       wgmma_reg_fence(accK);
@@ -1421,6 +1513,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       wgmma_wait<0>();
 #pragma unroll
       for (int pn = 0; pn < kPanels; ++pn) wgmma_reg_fence(sT[pn]);
+      split_state();  // for chunk ch + 1
       KLA_WY_MARK(6);
     }
   }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "bf16_mma.cuh"
 
@@ -88,19 +89,33 @@ __device__ __forceinline__ void wgmma_ss_bf16(float (&d)[16], uint64_t a, uint64
         "+f"(d[14]), "+f"(d[15])
       : "l"(a), "l"(b), "r"(1), "n"(TA));
 }
+/// m64n64k16 with both operands from shared memory, bf16 or fp16 (E) inputs.
+template <int TA, class E>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b) {
+  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "2-byte inputs");
+#define KLA_WGMMA_SS_N64(TYPE)                                                                     \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE                                  \
+      " "                                                                                          \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%"   \
+      "24,%"                                                                                       \
+      "25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, %35, 0;\n}\n"                               \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
+      : "l"(a), "l"(b), "r"(1), "n"(TA))
+  if constexpr (std::is_same_v<E, __half>)
+    KLA_WGMMA_SS_N64("f16");
+  else
+    KLA_WGMMA_SS_N64("bf16");
+#undef KLA_WGMMA_SS_N64
+}
 template <int TA>
 __device__ __forceinline__ void wgmma_ss_bf16(float (&d)[32], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
-      "25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, %35, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(1), "n"(TA));
+  wgmma_ss_n64<TA, __nv_bfloat16>(d, a, b);
 }
 
 /// At most N of this warpgroup's committed wgmma groups still pending (groups complete in order).
