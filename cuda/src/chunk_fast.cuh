@@ -231,8 +231,9 @@ __device__ __forceinline__ void token_scalars_preload(const KernelParams& p, con
 
 /// Per-token scalars of one chunk (rows [0, kFC), rows >= L padding): kscale, beta, the
 /// read-out scale and the inclusive cumulative log decay G, into shared arrays. ks / qs are the
-/// raw key / query tiles (pitch KP); kn2, when given, holds the squared key norms already (the
-/// diagonal of K K^T), and query norms are summed only for the l2-norm read-out. bet / Gv hold
+/// raw key / query tiles (pitch KP; with q_sw128 the query tile in the 128-byte swizzle,
+/// kmajor_sw128_offset); kn2, when given, holds the squared key norms already (the diagonal of
+/// K K^T), and query norms are summed only for the l2-norm read-out. bet / Gv hold
 /// the tokens' eta / log decay on entry (token_scalars_preload, visible to every thread). Ends
 /// with a barrier. All kPrepThreads threads call it.
 template <class E>
@@ -256,10 +257,7 @@ __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, int L
           n2 = fmaf(kv, kv, n2);
         }
         if (sum_q) {
-          // q_sw128: 64-column panels of kFC rows x 128 B, 16-byte piece c of row i at c ^ i % 8.
-          const int qi =
-              q_sw128 ? (r >> 6) * (kFC * 64) + i * 64 + ((((r >> 3) & 7) ^ (i & 7)) << 3) + (r & 7)
-                      : i * KP + r;
+          const int qi = q_sw128 ? kmajor_sw128_offset(i, r, kFC) / 2 : i * KP + r;
           const float qv = tof(qs[qi]);
           qn2 = fmaf(qv, qv, qn2);
         }

@@ -9,10 +9,12 @@
 //   O = diag(gamma qscale) Q S + (P T) R,   P = the masked read-out matrix
 //   S <- gamma_C S + K^T diag(kscale gamma_C / gamma_j) U
 //
-//  1. chunk_wy_prep_kernel, fully parallel over (sequence, chunk, value head): the per-token
-//     scalars, T exactly as the TF32 path (invert_unit_lower: fp32 diagonal blocks, the blocks
-//     below on the tensor cores in split TF32) and P T (fp32 P and T entering the tensor cores
-//     split), written split into the workspace record (workspace.hpp): their lower 16 x 16
+//  1. chunk_wy_prep_kernel, fully parallel over (sequence, chunk, value head): K K^T and Q K^T
+//     (bf16 / fp16: one m64n64 wgmma chain a warpgroup on the K and Q tiles loaded in the
+//     128-byte swizzle; fp32: split TF32 on mma.sync), the per-token scalars, T exactly as the
+//     TF32 path (invert_unit_lower: fp32 diagonal blocks, the blocks below on the tensor cores in
+//     split TF32) and P T (fp32 P and T entering the tensor cores split), written split into the
+//     workspace record (workspace.hpp): their lower 16 x 16
 //     blocks only, packed in ldmatrix order, 22 KB whatever the head dims. fp16 / fp32: also the
 //     chunk's K and Q tiles split into bf16 hi + lo, as the scan's wgmma operand images
 //     (write_wy_images), once per key head, so that the value slices do not each split them.
@@ -202,11 +204,11 @@ __device__ __forceinline__ void load_rows_sw128(void* dst, const E* src, int64_t
   // The source offset is stepped by di rows, not multiplied per row (64-bit products).
   const int64_t step = int64_t(di) * rs;
   int64_t off = int64_t(i0) * rs + (col_in ? c * 8 : 0);
-  char* d = static_cast<char*>(dst) + (c >> 3) * (kFC * 128);
+  char* d = static_cast<char*>(dst);
 #pragma unroll
   for (int k = 0; k < kFC / di; ++k, off += step) {
     const int i = i0 + k * di;
-    cp16(d + i * 128 + (((c & 7) ^ (i & 7)) << 4), src + (i < L ? off : 0), i < L && col_in);
+    cp16(d + kmajor_sw128_offset(i, c * 8, kFC), src + (i < L ? off : 0), i < L && col_in);
   }
 }
 
@@ -235,7 +237,7 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
     const bool isq = idx >= kPieces;
     const int q = isq ? idx - kPieces : idx, row = q / (kPanels * 8), pn = (q >> 3) % kPanels,
               c = q & 7, k0 = pn * 64 + c * 8;
-    const int line = pn * kPanel + row * 128 + ((c ^ (row & 7)) << 4);  // in the tile or a part
+    const int line = kmajor_sw128_offset(row, k0, kFC);  // in the tile, or in a part's panels
     uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
     if (k0 < KD) {
       if constexpr (std::is_same_v<E, float>) {
@@ -261,7 +263,8 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
   }
 }
 
-/// Bytes of one bf16 K or Q tile in the scan: 64-column panels of 64 rows x 128 B (swizzled).
+/// Bytes of one 2-byte K or Q tile in the 128-byte-swizzled panel layout (kmajor_sw128_offset):
+/// 64-column panels of 64 rows x 128 B; the scan's bf16 tiles, the prep's bf16 / fp16 ones.
 template <int KD>
 constexpr int64_t wy_tile_bytes() {
   return int64_t((KD + 63) / 64) * kFC * 128;
@@ -445,12 +448,12 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   __syncthreads();
   chunk_token_scalars(p, L, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2, kSw);  // + barrier
   // The masked, scaled tiles: K K^T -> lm (the inverse's input), Q K^T -> P, split into bf16
-  // hi + lo in the packed layout (wy_packed_offset) for the P T product. A thread's rows i = 16 mi
-  // + g + 8 hr and columns j = 16 nb + 8 nj + 2 t4 + e: their scalars are read once a tile, and a
-  // masked entry's exponent is forced to 0 and its value selected to 0 (no branch; the kept entries
-  // are bit-identical to exp(G_i - G_j) scaled in the same order).
-  // One 16 x 16 tile (row block mi, column block nb) of K K^T (isq false) or Q K^T, its products
-  // in a[nj][e] (mma C layout of 8-column tile nj).
+  // hi + lo in the packed layout (wy_packed_offset) for the P T product. tile_epilogue takes one
+  // 16 x 16 tile (row block mi, column block nb) of K K^T (isq false) or Q K^T, its products in
+  // a[nj][e] (the mma C layout of 8-column tile nj). A thread's rows i = 16 mi + g + 8 hr and
+  // columns j = 16 nb + 8 nj + 2 t4 + e: their scalars are read once a tile, and a masked entry's
+  // exponent is forced to 0 and its value selected to 0 (no branch; the kept entries are
+  // bit-identical to exp(G_i - G_j) scaled in the same order).
   auto tile_epilogue = [&](bool isq, int mi, int nb, const float(&a)[2][4], auto store) {
     float gi[2], ri[2], si[2];
 #pragma unroll

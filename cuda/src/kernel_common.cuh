@@ -11,6 +11,13 @@
 
 namespace kla::kernels {
 
+/// Byte offset of element (n, k) of a 2-byte K-major tile in the 128-byte swizzle (the TMA boxes'
+/// and the wgmma operands' layout): panels of 64 k (NR rows x 128 B each), 16-byte piece c of
+/// row n at piece c ^ n % 8.
+__host__ __device__ constexpr int kmajor_sw128_offset(int n, int k, int NR) {
+  return (k >> 6) * NR * 128 + n * 128 + ((((k >> 3) & 7) ^ (n & 7)) << 4) + (k & 7) * 2;
+}
+
 /// Everything a kernel reads, resolved on the host: defaults applied (scale, eta), N known.
 /// Tensor strides are element strides of (B, T, head); the last dimension is contiguous.
 struct KernelParams {

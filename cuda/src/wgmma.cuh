@@ -3,8 +3,8 @@
 // ldmatrix copies), fp32 accumulation.
 //
 // Layouts (PTX ISA, wgmma shared-memory matrix layouts, 128-byte swizzle; the same swizzle as
-// the TMA boxes, kmajor_sw128_offset): 1024-byte atoms of 8 rows x 128 B, the 16-byte piece c of
-// row r stored at piece c ^ (r % 8).
+// the TMA boxes, kmajor_sw128_offset in kernel_common.cuh): 1024-byte atoms of 8 rows x 128 B, the
+// 16-byte piece c of row r stored at piece c ^ (r % 8).
 //   K-major (A rows = M, or B rows = N; k along the row): [panels of 64 k][rows][128 B]; a k-step
 //   of 16 starts 32 B further into the row (or at the next panel); 8-row groups 1024 B apart.
 //   M-major A (the transpose of a K-major tile: rows = k): 8-row groups along k 1024 B apart.
@@ -20,11 +20,6 @@
 #include "bf16_mma.cuh"
 
 namespace kla::kernels {
-
-/// Byte offset of element (n, k) of a K-major 128-byte-swizzled B tile with NR rows a panel.
-__host__ __device__ constexpr int kmajor_sw128_offset(int n, int k, int NR) {
-  return (k >> 6) * NR * 128 + n * 128 + ((((k >> 3) & 7) ^ (n & 7)) << 4) + (k & 7) * 2;
-}
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
