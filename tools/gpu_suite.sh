@@ -79,7 +79,8 @@ run props 400 "$DIST/test_cuda_props"
 # The other chunkwise paths on the same GPU (docs/api.md, KLA_CHUNK_PATH): the WY scan with
 # 32-column slices (chosen only for many heads), with 16 (small problems at K >= 96 take 8 by
 # default) and with 8 (three copy stages) on every shape it takes, the transposed scan (wy64:
-# bf16, 64-column slices), and the sm_80-level TF32 path.
+# bf16 / fp16, 64-column slices; the default only where its blocks fill the GPU, so its accuracy
+# table is a step of its own), and the sm_80-level TF32 path.
 KLA_CHUNK_PATH=wy16 run kernels-wy16 400 "$DIST/test_cuda_kernels"
 KLA_CHUNK_PATH=wy8 run kernels-wy8 400 "$DIST/test_cuda_kernels"
 KLA_CHUNK_PATH=wy32 run kernels-wy32 400 "$DIST/test_cuda_kernels"
@@ -89,6 +90,8 @@ KLA_CHUNK_PATH=wy64 run props-wy64 400 "$DIST/test_cuda_props"
 KLA_CHUNK_PATH=portable run kernels-portable 400 "$DIST/test_cuda_kernels"
 KLA_CHUNK_PATH=portable run props-portable 400 "$DIST/test_cuda_props"
 KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
+KLA_CHUNK_PATH=wy64 KLA_ACCURACY_OUT=$OUTDIR/accuracy-wy64.md run accuracy-wy64 400 \
+  "$DIST/test_cuda_accuracy"
 run example_c 60 "$DIST/kla_example_c"
 run example_cpp 60 "$DIST/kla_example_cpp"
 if command -v compute-sanitizer >/dev/null; then
@@ -117,6 +120,7 @@ run wgmma_latency 60 "$DIST/kla_wgmma_latency"
 {
   echo
   [[ -f $OUTDIR/accuracy.md ]] && { echo "accuracy (relative RMS vs MPFR, T=2048, K=V=128):"; cat "$OUTDIR/accuracy.md"; echo; }
+  [[ -f $OUTDIR/accuracy-wy64.md ]] && { echo "accuracy, KLA_CHUNK_PATH=wy64 (bf16 / fp16 chunk rows: the transposed scan):"; cat "$OUTDIR/accuracy-wy64.md"; echo; }
   [[ -f $OUTDIR/bench.md ]] && { cat "$OUTDIR/bench.md"; echo; }
   echo "| step                   |  rc | passed | failed | skipped | sanitizer | time  |"
   echo "|------------------------|-----|--------|--------|---------|-----------|-------|"

@@ -113,8 +113,8 @@ cudaError_t run_chunk(const KernelParams& kp, cudaStream_t stream, const Device&
   cudaError_t e = cudaSuccess;
   // KLA_CHUNK_PATH (diagnostics and tests, docs/api.md): "portable" skips the sm_90 WY path, so
   // the sm_80-level TF32 path can be tested and compared on a Hopper GPU; "wy8" / "wy16" / "wy32"
-  // pin the WY scan's value slice (8 needs K >= 96); "wy64" takes the transposed scan (bf16, K
-  // 64 or 128, V a multiple of 64) where it applies.
+  // pin the WY scan's value slice (8 needs K >= 96); "wy64" takes the transposed scan (bf16 /
+  // fp16, K 64 or 128, V a multiple of 64) where it applies.
   const char* path = std::getenv("KLA_CHUNK_PATH");
   const bool portable = path && std::strcmp(path, "portable") == 0;
   const int force_vs = !path                            ? 0

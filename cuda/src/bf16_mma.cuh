@@ -90,6 +90,28 @@ __device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uin
   hi = *reinterpret_cast<const uint32_t*>(&h);
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
+/// (x, y) as fp16 hi + lo: hi rounded to fp16, lo the remainder rounded (together within 2^-22
+/// of the larger magnitude while both stay normal; the caller scales the pair into fp16's range
+/// first, fp16_range_scale).
+__device__ __forceinline__ void split_half2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x, y);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+/// The power of two 2^(14 - floor(log2 m)) that takes a magnitude m > 0 into [2^14, 2^15), fp16's
+/// top binade below 2^15 (rounding may reach 2^15, still finite), its exponent held to [-64, 64]
+/// so that values it scales stay inside fp32's range; 1 for m = 0. Exact to apply and to undo.
+__device__ __forceinline__ float fp16_range_scale(float m) {
+  if (m == 0.f) return 1.f;
+  const int e = 268 - (__float_as_int(m) >> 23);  // biased: 127 + 14 - (exponent of m - 127)
+  return __int_as_float(min(max(e, 127 - 64), 127 + 64) << 23);
+}
+/// 1 / s for a power of two s in [2^-126, 2^126] (exact).
+__device__ __forceinline__ float pow2_inverse(float s) {
+  return __int_as_float((254 << 23) - __float_as_int(s));
+}
 /// split_bf16x2 of (x, y), the hi pair stored at hi_dst and the lo pair at lo_dst (4-byte
 /// aligned; shared or global memory).
 __device__ __forceinline__ void store_split_bf16x2(void* hi_dst, void* lo_dst, float x, float y) {

@@ -17,7 +17,8 @@
 //     workspace record (workspace.hpp): their lower 16 x 16
 //     blocks only, packed in ldmatrix order, 22 KB whatever the head dims. fp16 / fp32: also the
 //     chunk's K and Q tiles split into bf16 hi + lo, as the scan's wgmma operand images
-//     (write_wy_images), once per key head, so that the value slices do not each split them.
+//     (write_wy_images), once per key head, so that the value slices do not each split them
+//     (not for the transposed scan, which reads fp16 K / Q as they are).
 //     4 blocks a multiprocessor (64 registers, 53 KB of shared memory at K = 128; fp32 3).
 //  2. chunk_wy_scan_kernel, one block per (sequence, value head, VS = 8, 16 or 32 value
 //     columns: 8 only where 16 would leave more than half the multiprocessors idle), chunks in
@@ -43,12 +44,16 @@
 //     (wy_split_row), so one wgmma gives both parts; they are written from the accumulators by
 //     transposing stmatrix. T R and (P T) R stay on mma.sync (packed triangular records).
 //     One __syncthreads per chunk frees the stage and the state buffer that the last chunk read.
+//  2'. chunk_wy_scan_transposed_kernel (bf16 / fp16, 64 value columns a block, where those blocks
+//     fill the GPU): the state transposed in the chain's wgmma accumulators and taken as the
+//     register A operand (its section below).
 //
 // Precision. The products are bf16 with fp32 accumulation. Raw bf16 inputs are exact operands;
 // fp16 K / Q enter as bf16 hi + lo (exact), fp32 K / Q (fp32_math FAST) as hi + lo (16
 // significant bits, the only rounding of an input: ~5e-6 relative RMS on the accuracy test, up
 // to ~2e-5 with colinear keys, docs/accuracy.md; the default TF32 path keeps ~5e-7 at about 3x
-// the time), and both parts enter the products; fp32
+// the time), and both parts enter the products (the transposed scan's fp16 products on K / Q
+// run on fp16 wgmma instead, with S and X as fp16 hi + lo, 22 bits, scaled per value column); fp32
 // intermediates (S, R, X, T, P T) as hi = bf16(x), lo = bf16(x - hi), 16 significant bits
 // together, and a product of two split operands keeps hi*hi + hi*lo + lo*hi (relative error
 // ~2^-16, far below the bf16 / fp16 storage roundoff that bounds the outputs). V and the
@@ -356,9 +361,10 @@ __global__ void __launch_bounds__(kWyThreads, sizeof(E) == 4 ? 3 : 4)
   const int64_t slot = chunk_slot(p, n, sr, c);
   char* rec = ws + (slot * p.HV + hv) * (p.ws_record_floats * 4);
   // fp16 / fp32: the K / Q images every value slice of the scan reads, once per key head (by
-  // its group's first value head).
+  // its group's first value head); none for the transposed scan (null ws_images), which reads
+  // fp16 K / Q as they are.
   if constexpr (!std::is_same_v<E, __nv_bfloat16>)
-    if (p.HV == p.H || hv % (p.HV / p.H) == 0)
+    if (p.ws_images && (p.HV == p.H || hv % (p.HV / p.H) == 0))
       write_wy_images<E, KD>(Kr, Qr, KP, wy_image_pair<KD>(p, slot, h));
   // Unit u < 10: K K^T tile, else Q K^T tile (the 10 lower 16 x 16 tiles of each); tile tl -> (row
   // block mi, column block nb <= mi).
@@ -1174,7 +1180,7 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
 #endif
 }
 
-// ---- pass 2, transposed (bf16, KLA_CHUNK_PATH=wy64): the state as wgmma's register operand ----
+// ---- pass 2, transposed (bf16 / fp16, KLA_CHUNK_PATH=wy64): the state as wgmma's register operand
 //
 // One block per (sequence, value head, 64 value columns). Its first warpgroup runs the chain with
 // the state held transposed, S^T (64 value rows x KD keys, fp32), in its wgmma accumulators, so
@@ -1194,6 +1200,15 @@ __global__ void __launch_bounds__(wy_scan_threads<E>(), 1)
 // read them cost that batch ~630 cycles a chunk (prefill_notes.md, w61). Same record,
 // scalars and arithmetic as chunk_wy_scan_kernel (every product of split operands keeps hi hi +
 // hi lo + lo hi), in another order of summation.
+//
+// fp16: K and Q are fp16 (not exact in bf16), so every product on them runs on the f16 wgmma with
+// the other operand as fp16 hi + lo: S^T and X^T, each row (value column) scaled by a power of two
+// into fp16's range first (fp16_range_scale), 22 bits where the bf16 split keeps 16. The scale of
+// S^T is undone on (K S)^T and (Q S)^T; X^T's stays in the state: the accumulators hold
+// diag(sig) S^T, sig the last X^T scale of the row, rescaled with the decay each chunk. The
+// products on T and P T (record values) stay bf16 hi + lo, and the prep writes no K / Q images.
+// (tools/state_precision_study.py: one fp16 part for S^T would give 3.2e-4 at alpha = 1, above the
+// fp16 target.)
 constexpr int kWyTThreads = 256, kWyTChainThreads = 128;
 // Named barriers: the chain's padding to the helpers' count of barrier waits a chunk (two:
 // racecheck, see kWyBarPadRead); the chunk's O tile in shared memory (the chain arrives, the
@@ -1215,11 +1230,28 @@ __host__ __device__ constexpr int64_t wy_t_smem_bytes() {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /// Fragment (k-step ks, register r) of an m64nN accumulator d as a register A operand split into
-/// bf16 hi + lo: the pair (d[8 ks + 2 r], d[8 ks + 2 r + 1]) (wgmma.cuh), scaled by (sx, sy).
-template <int N>
+/// hi + lo of E (bf16, or fp16 for fp16 inputs): the pair (d[8 ks + 2 r], d[8 ks + 2 r + 1])
+/// (wgmma.cuh; row g + 8 (r % 2) of the warp's 16), scaled by (sx, sy).
+template <class E = __nv_bfloat16, int N>
 __device__ __forceinline__ void split_fragment(const float (&d)[N], int ks, int r, float sx,
                                                float sy, uint32_t& hi, uint32_t& lo) {
-  split_bf16x2(sx * d[8 * ks + 2 * r], sy * d[8 * ks + 2 * r + 1], hi, lo);
+  if constexpr (std::is_same_v<E, __half>)
+    split_half2(sx * d[8 * ks + 2 * r], sy * d[8 * ks + 2 * r + 1], hi, lo);
+  else
+    split_bf16x2(sx * d[8 * ks + 2 * r], sy * d[8 * ks + 2 * r + 1], hi, lo);
+}
+/// The largest magnitude in row g + 8 hr of this warp's 16 rows of m64n64 accumulators d[0..NA)
+/// (element i is in row hr = (i / 2) % 2; a row's 64 columns lie in the four lanes of a quad).
+template <int NA>
+__device__ __forceinline__ float accumulator_row_max(const float (*d)[32], int hr) {
+  float m = 0.f;
+#pragma unroll
+  for (int a = 0; a < NA; ++a)
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      if (((i >> 1) & 1) == hr) m = fmaxf(m, fabsf(d[a][i]));
+  m = fmaxf(m, __shfl_xor_sync(~0u, m, 1));
+  return fmaxf(m, __shfl_xor_sync(~0u, m, 2));
 }
 #endif
 
@@ -1230,7 +1262,9 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
                                     const __grid_constant__ CUtensorMap qmap,
                                     const __grid_constant__ CUtensorMap vmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(std::is_same_v<E, __nv_bfloat16>, "raw bf16 K / Q / V tiles as wgmma operands");
+  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>,
+                "raw K / Q / V tiles as wgmma operands");
+  constexpr bool kF16 = std::is_same_v<E, __half>;
   using R = WyRecord;
   constexpr int C = kFC, VS = 64, kPanels = (KD + 63) / 64, KS = KD / 16;
   constexpr int kPanelKQ = 2 * C * 128,
@@ -1281,13 +1315,24 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
   // S^T split into bf16 hi + lo as the register A fragments of K S | Q S (k-step ks: keys 16 ks..),
   // made for chunk ch + 1 as soon as chunk ch's update lands, before the stage wait and the chunk
   // barrier rather than after them (-1% of the scan at 4 x 8192 x 16; prefill_notes.md, w68).
+  // fp16: the accumulators hold row hr of S^T times sig[hr] (a power of two; 1 until the first
+  // update), and kinv[hr] undoes the scale the split applied on (K S)^T and (Q S)^T.
+  float sig[2] = {1.f, 1.f}, kinv[2] = {1.f, 1.f};
   uint32_t ah[KS][4], al[KS][4];
   auto split_state = [&] {
+    float tau[2] = {1.f, 1.f};
+    if constexpr (kF16) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        tau[hr] = fp16_range_scale(accumulator_row_max<kPanels>(sT, hr));
+        kinv[hr] = pow2_inverse(tau[hr] * sig[hr]);
+      }
+    }
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        split_fragment(sT[ks >> 2], ks & 3, r, 1.f, 1.f, ah[ks][r], al[ks][r]);
+        split_fragment<E>(sT[ks >> 2], ks & 3, r, tau[r & 1], tau[r & 1], ah[ks][r], al[ks][r]);
   };
   if (chain) split_state();
   fence_proxy_async_shared();  // the zeroed [T; P T] for the tensor cores
@@ -1397,10 +1442,10 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       for (int ks = 0; ks < KS; ++ks) {
         const uint64_t bk = wgmma_desc_advance(bd0, (ks >> 2) * kPanelKQ + (ks & 3) * 32);
         const uint64_t bq = wgmma_desc_advance(bk, C * 128);
-        wgmma_rs_bf16<0>(accK, ah[ks], bk);
-        wgmma_rs_bf16<0>(accQ, ah[ks], bq);
-        wgmma_rs_bf16<0>(accK, al[ks], bk);
-        wgmma_rs_bf16<0>(accQ, al[ks], bq);
+        wgmma_rs_n64<0, E>(accK, ah[ks], bk);
+        wgmma_rs_n64<0, E>(accQ, ah[ks], bq);
+        wgmma_rs_n64<0, E>(accK, al[ks], bk);
+        wgmma_rs_n64<0, E>(accQ, al[ks], bq);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -1426,13 +1471,17 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
           const int i0 = 16 * ks + 8 * (r >> 1) + 2 * t4;
           const float2 cu = *reinterpret_cast<const float2*>(sc + kWyColU + i0);
           const float2 cw = *reinterpret_cast<const float2*>(sc + kWyColW + i0);
-          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&vv[r]));
-          split_bf16x2(fmaf(cu.x, v.x, -cw.x * accK[8 * ks + 2 * r]),
-                       fmaf(cu.y, v.y, -cw.y * accK[8 * ks + 2 * r + 1]), rh[ks][r], rl[ks][r]);
+          const float2 v = Dtype<E>::unpack2(vv[r]);
+          const float ki = kF16 ? kinv[r & 1] : 1.f;
+          split_bf16x2(fmaf(cu.x, v.x, -cw.x * (ki * accK[8 * ks + 2 * r])),
+                       fmaf(cu.y, v.y, -cw.y * (ki * accK[8 * ks + 2 * r + 1])), rh[ks][r],
+                       rl[ks][r]);
         }
       }
 #pragma unroll
-      for (int i = 0; i < 32; ++i) accO[i] = sc[8 * (i >> 2) + 2 * t4 + (i & 1)] * accQ[i];
+      for (int i = 0; i < 32; ++i)
+        accO[i] =
+            sc[8 * (i >> 2) + 2 * t4 + (i & 1)] * (kF16 ? kinv[(i >> 1) & 1] * accQ[i] : accQ[i]);
     }
     KLA_WY_MARK(3);
     // X^T (before its update scale) = R^T T^T and O^T += R^T (P T)^T, two accumulator chains
@@ -1463,22 +1512,43 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
     wgmma_reg_fence(accX);
     wgmma_reg_fence(accO);
     KLA_WY_MARK(4);
-    // S^T <- gamma_C S^T + X^T K, X^T = U^T diag(update) split.
+    // S^T <- gamma_C S^T + X^T K, X^T = U^T diag(update) split. fp16: X^T's rows scaled into
+    // fp16's range first (sig), the state's rows rescaled to match with the decay.
     {
       uint32_t xh[4][4], xl[4][4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float2 u =
-              *reinterpret_cast<const float2*>(sc + kWyScUpd + 16 * ks + 8 * (r >> 1) + 2 * t4);
-          split_fragment(accX, ks, r, u.x, u.y, xh[ks][r], xl[ks][r]);
-        }
+      float gsc[2];
       const float gend = sc[kWyGend];
+      if constexpr (kF16) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) accX[i] *= sc[kWyScUpd + 8 * (i >> 2) + 2 * t4 + (i & 1)];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const float m = accumulator_row_max<1>(&accX, hr);
+          const float sn =
+              m == 0.f ? sig[hr] : fminf(fmaxf(fp16_range_scale(m), 0x1p-32f), 0x1p32f);
+          gsc[hr] = gend * (sn * pow2_inverse(sig[hr]));
+          sig[hr] = sn;
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            split_fragment<E>(accX, ks, r, sig[r & 1], sig[r & 1], xh[ks][r], xl[ks][r]);
+      } else {
+        gsc[0] = gsc[1] = gend;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float2 u =
+                *reinterpret_cast<const float2*>(sc + kWyScUpd + 16 * ks + 8 * (r >> 1) + 2 * t4);
+            split_fragment(accX, ks, r, u.x, u.y, xh[ks][r], xl[ks][r]);
+          }
+      }
 #pragma unroll
       for (int pn = 0; pn < kPanels; ++pn) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) sT[pn][i] *= gend;
+        for (int i = 0; i < 32; ++i) sT[pn][i] *= gsc[(i >> 1) & 1];
         wgmma_reg_fence(sT[pn]);
       }
       wgmma_fence();
@@ -1491,8 +1561,8 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
         for (int part = 0; part < 2; ++part)
 #pragma unroll
           for (int pn = 0; pn < kPanels; ++pn)
-            wgmma_rs_bf16<1>(sT[pn], part ? xl[ks] : xh[ks],
-                             wgmma_desc_advance(kd0, pn * kPanelKQ + ks * 2048));
+            wgmma_rs_n64<1, E>(sT[pn], part ? xl[ks] : xh[ks],
+                               wgmma_desc_advance(kd0, pn * kPanelKQ + ks * 2048));
       wgmma_commit();
       KLA_WY_MARK(5);
       // O^T into the O tile by transposing stmatrix (8 x 8 block (nb, hr): tokens 8 nb..,
@@ -1505,8 +1575,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           const int i = 4 * (2 * k + (m >> 1)) + 2 * (m & 1);
-          const __nv_bfloat162 pr = __floats2bfloat162_rn(accO[i], accO[i + 1]);
-          r4[m] = *reinterpret_cast<const uint32_t*>(&pr);
+          r4[m] = Dtype<E>::pack2(accO[i], accO[i + 1]);
         }
         const int mm = lane >> 3, row = 8 * (2 * k + (mm >> 1)) + (lane & 7),
                   pc = 2 * warp + (mm & 1);
@@ -1530,7 +1599,9 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       for (int i = 0; i < 32; ++i) {
         const int key = 64 * pn + 8 * (i >> 2) + 2 * t4 + (i & 1),
                   col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
-        if (key < KD) slot.out[int64_t(key) * V + col] = sT[pn][i];
+        if (key < KD)
+          slot.out[int64_t(key) * V + col] =
+              kF16 ? sT[pn][i] * pow2_inverse(sig[(i >> 1) & 1]) : sT[pn][i];
       }
 #endif
 }
@@ -1598,7 +1669,7 @@ cudaError_t launch_scan_wy(const KernelParams& p, cudaStream_t stream, const cha
   return cudaGetLastError();
 }
 
-/// The transposed scan (bf16, KD a multiple of 64, V a multiple of 64): vmap is V's map with
+/// The transposed scan (bf16 / fp16, KD a multiple of 64, V a multiple of 64): vmap is V's map with
 /// 64-column, 128-byte-swizzled boxes.
 template <class E, int KD>
 cudaError_t launch_scan_wy_transposed(const KernelParams& p, cudaStream_t stream, const char* ws,
@@ -1651,24 +1722,30 @@ cudaError_t launch_chunk_wy_kd(const KernelParams& p, cudaStream_t stream, int s
   // columns, so a quarter of the blocks, and it pays only where its blocks still fill the
   // multiprocessors (H200: 4 x 8192 x 16 and 8 x 4096 x 16 -8%; 1 x 32768 x 16 2.2x slower;
   // prefill_notes.md, session 10).
+  // fp16 takes it too (f16 wgmma on K / Q as they are; no images).
+  constexpr bool kTransposable = !std::is_same_v<E, float> && KD % 64 == 0;
   CUtensorMap vmap64{};
   bool transposed = false;
-  if constexpr (std::is_same_v<E, __nv_bfloat16> && KD % 64 == 0)
+  if constexpr (kTransposable)
     transposed =
         (force_vs == 64 || (force_vs == 0 && int64_t(p.N) * p.HV * (p.V / 64) >= sms - sms / 8)) &&
         p.V % 64 == 0 && wy_t_smem_bytes<KD>() <= max_smem &&
         reinterpret_cast<uintptr_t>(p.o) % 16 == 0 && p.os[0] % 8 == 0 && p.os[1] % 8 == 0 &&
         p.os[2] % 8 == 0 &&  // 16-byte O stores
-        make_tile_map<E>(vmap64, p.v, p.vs, p, p.V, p.HV, 64, true);
+        make_tile_map<E>(vmap64, p.v, p.vs, p, p.V, p.HV, 64, true) &&
+        (!kImages || (make_tile_map<E>(kmap, p.k, p.ks, p, KD, p.H, 64, true) &&
+                      make_tile_map<E>(qmap, p.q, p.qs, p, KD, p.H, 64, true)));
   ran = true;
   cudaError_t e = cudaFuncSetAttribute(
       chunk_wy_prep_kernel<E, KD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep_bytes));
   if (e != cudaSuccess) return e;
   char* ws = reinterpret_cast<char*>(p.ws);
+  KernelParams pp = p;
+  if (transposed) pp.ws_images = nullptr;  // the prep writes no images
   chunk_wy_prep_kernel<E, KD><<<dim3(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N)),
-                                kWyThreads, size_t(prep_bytes), stream>>>(p, ws);
+                                kWyThreads, size_t(prep_bytes), stream>>>(pp, ws);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  if constexpr (std::is_same_v<E, __nv_bfloat16> && KD % 64 == 0)
+  if constexpr (kTransposable)
     if (transposed) return launch_scan_wy_transposed<E, KD>(p, stream, ws, kmap, qmap, vmap64);
   if constexpr (KD >= 96)
     if (narrow) return launch_scan_wy<E, KD, 8>(p, stream, ws, kmap, qmap);

@@ -64,11 +64,26 @@ template <>
 struct Dtype<__nv_bfloat16> {
   __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  /// A pair in one 32-bit register (x in the low half), rounded to nearest; and back.
+  __device__ static uint32_t pack2(float x, float y) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  __device__ static float2 unpack2(uint32_t r) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r));
+  }
 };
 template <>
 struct Dtype<__half> {
   __device__ static float to_float(__half x) { return __half2float(x); }
   __device__ static __half from_float(float x) { return __float2half_rn(x); }
+  __device__ static uint32_t pack2(float x, float y) {
+    const __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  __device__ static float2 unpack2(uint32_t r) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&r));
+  }
 };
 
 __device__ __forceinline__ float warp_sum(float x) {

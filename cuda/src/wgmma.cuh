@@ -118,22 +118,35 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-/// D (64 x N, fp32; N = 2 x the size of d) += A (64 x 16 bf16 from registers: this thread's
-/// fragment, the mma.sync A layout of its warp's 16 rows, so that reg r of k-step ks is the pair
-/// (d[8 ks + 2 r], d[8 ks + 2 r + 1]) of an m64nN accumulator) B (16 x N bf16, descriptor;
-/// K-major, or MN-major when TB). The A registers must stay unchanged until the group's wait.
+/// D (64 x N, fp32; N = 2 x the size of d) += A (64 x 16 from registers: this thread's fragment,
+/// the mma.sync A layout of its warp's 16 rows, so that reg r of k-step ks is the pair
+/// (d[8 ks + 2 r], d[8 ks + 2 r + 1]) of an m64nN accumulator) B (16 x N, descriptor; K-major, or
+/// MN-major when TB), both bf16 or both fp16 (E). The A registers must stay unchanged until the
+/// group's wait.
+template <int TB, class E>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "2-byte inputs");
+#define KLA_WGMMA_RS_N64(TYPE)                                                                 \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE                     \
+               " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                      \
+               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31},"             \
+               " {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n"                                      \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),       \
+                 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),     \
+                 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+                 "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+                 "+f"(d[30]), "+f"(d[31])                                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB))
+  if constexpr (std::is_same_v<E, __half>)
+    KLA_WGMMA_RS_N64("f16");
+  else
+    KLA_WGMMA_RS_N64("bf16");
+#undef KLA_WGMMA_RS_N64
+}
 template <int TB>
 __device__ __forceinline__ void wgmma_rs_bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%"
-      "23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB));
+  wgmma_rs_n64<TB, __nv_bfloat16>(d, a, b);
 }
 template <int TB>
 __device__ __forceinline__ void wgmma_rs_bf16(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
