@@ -53,7 +53,10 @@ def fp16_scaled(x, axis):
 
 
 def operand(x, mode, axis):
-    """An fp32 operand as the tensor cores see it under one rounding mode."""
+    """An fp32 operand as the tensor cores see it under one rounding mode ("exact": unrounded,
+    for tests of the chunk algebra)."""
+    if mode == "exact":
+        return x
     x = fp32(x)
     if mode == "bf16 hi+lo":  # two bf16 parts (the lo·lo product is ~2^-18: left in)
         hi = bf16(x)
@@ -143,7 +146,8 @@ def chunked(d, mode_s, mode_x, mode_r, C=64):
         L = np.tril(dec * (Kc @ Kc.T) * Bc[None, :], -1)
         Tm = np.linalg.inv(np.eye(len(Bc)) + L)
         P = np.tril(dec * (Qc @ Kc.T) * Bc[None, :])
-        S = fp32(S)  # the state lives in fp32 accumulators
+        if mode_s != "exact":
+            S = fp32(S)  # the state lives in fp32 accumulators
         Sop = operand(S, mode_s, 0)  # one scale per value column
         R = operand(Tm, mode_r, 1) @ operand(Vc - gam[:, None] * (Kc @ Sop), mode_r, 0)
         o[sl] = gam[:, None] * (Qc @ Sop) + operand(P, mode_r, 1) @ operand(R, mode_r, 0)
