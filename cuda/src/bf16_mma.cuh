@@ -13,6 +13,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernel_common.cuh"
+
 namespace kla::kernels {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -81,24 +83,18 @@ __device__ __forceinline__ int frag_b_kn(int P, int k0, int n0, int lane) {
   return (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + n0 + (lane >> 4) * 8;
 }
 
-/// x, y -> hi = bf16x2(x, y), lo = bf16x2(x - hi.x, y - hi.y), both round to nearest; x is the
-/// lower half (the element at the lower address / lower index).
-__device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
+/// x, y -> hi = E2(x, y), lo = E2(x - hi.x, y - hi.y) for the 2-byte type E (bf16: 16
+/// significant bits together; fp16: 22 while both stay normal, so the caller scales the pair
+/// into fp16's range first, fp16_range_scale), both round to nearest; x is the lower half (the
+/// element at the lower address / lower index).
+template <class E>
+__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
+  hi = Dtype<E>::pack2(x, y);
+  const float2 hf = Dtype<E>::unpack2(hi);
+  lo = Dtype<E>::pack2(x - hf.x, y - hf.y);
 }
-/// (x, y) as fp16 hi + lo: hi rounded to fp16, lo the remainder rounded (together within 2^-22
-/// of the larger magnitude while both stay normal; the caller scales the pair into fp16's range
-/// first, fp16_range_scale).
-__device__ __forceinline__ void split_half2(float x, float y, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(x, y);
-  const float2 hf = __half22float2(h);
-  const __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
+__device__ __forceinline__ void split_bf16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  split_pair<__nv_bfloat16>(x, y, hi, lo);
 }
 /// The power of two 2^(14 - floor(log2 m)) that takes a magnitude m > 0 into [2^14, 2^15), fp16's
 /// top binade below 2^15 (rounding may reach 2^15, still finite), its exponent held to [-64, 64]

@@ -1235,10 +1235,7 @@ __host__ __device__ constexpr int64_t wy_t_smem_bytes() {
 template <class E = __nv_bfloat16, int N>
 __device__ __forceinline__ void split_fragment(const float (&d)[N], int ks, int r, float sx,
                                                float sy, uint32_t& hi, uint32_t& lo) {
-  if constexpr (std::is_same_v<E, __half>)
-    split_half2(sx * d[8 * ks + 2 * r], sy * d[8 * ks + 2 * r + 1], hi, lo);
-  else
-    split_bf16x2(sx * d[8 * ks + 2 * r], sy * d[8 * ks + 2 * r + 1], hi, lo);
+  split_pair<E>(sx * d[8 * ks + 2 * r], sy * d[8 * ks + 2 * r + 1], hi, lo);
 }
 /// The largest magnitude in row g + 8 hr of this warp's 16 rows of m64n64 accumulators d[0..NA)
 /// (element i is in row hr = (i / 2) % 2; a row's 64 columns lie in the four lanes of a quad).
