@@ -1309,11 +1309,12 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
                 col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
       sT[pn][i] = chain && slot.in && key < KD ? slot.in[int64_t(key) * V + col] : 0.f;
     }
-  // S^T split into bf16 hi + lo as the register A fragments of K S | Q S (k-step ks: keys 16 ks..),
+  // S^T split into hi + lo as the register A fragments of K S | Q S (k-step ks: keys 16 ks..),
   // made for chunk ch + 1 as soon as chunk ch's update lands, before the stage wait and the chunk
   // barrier rather than after them (-1% of the scan at 4 x 8192 x 16; prefill_notes.md, w68).
   // fp16: the accumulators hold row hr of S^T times sig[hr] (a power of two; 1 until the first
-  // update), and kinv[hr] undoes the scale the split applied on (K S)^T and (Q S)^T.
+  // update), and kinv[hr] undoes the scale the split applied on (K S)^T and (Q S)^T. bf16: both
+  // stay 1 (multiplications by them fold away).
   float sig[2] = {1.f, 1.f}, kinv[2] = {1.f, 1.f};
   uint32_t ah[KS][4], al[KS][4];
   auto split_state = [&] {
@@ -1469,7 +1470,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
           const float2 cu = *reinterpret_cast<const float2*>(sc + kWyColU + i0);
           const float2 cw = *reinterpret_cast<const float2*>(sc + kWyColW + i0);
           const float2 v = Dtype<E>::unpack2(vv[r]);
-          const float ki = kF16 ? kinv[r & 1] : 1.f;
+          const float ki = kinv[r & 1];
           split_bf16x2(fmaf(cu.x, v.x, -cw.x * (ki * accK[8 * ks + 2 * r])),
                        fmaf(cu.y, v.y, -cw.y * (ki * accK[8 * ks + 2 * r + 1])), rh[ks][r],
                        rl[ks][r]);
@@ -1477,8 +1478,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       }
 #pragma unroll
       for (int i = 0; i < 32; ++i)
-        accO[i] =
-            sc[8 * (i >> 2) + 2 * t4 + (i & 1)] * (kF16 ? kinv[(i >> 1) & 1] * accQ[i] : accQ[i]);
+        accO[i] = sc[8 * (i >> 2) + 2 * t4 + (i & 1)] * (kinv[(i >> 1) & 1] * accQ[i]);
     }
     KLA_WY_MARK(3);
     // X^T (before its update scale) = R^T T^T and O^T += R^T (P T)^T, two accumulator chains
@@ -1513,11 +1513,11 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
     // fp16's range first (sig), the state's rows rescaled to match with the decay.
     {
       uint32_t xh[4][4], xl[4][4];
-      float gsc[2];
       const float gend = sc[kWyGend];
-      if constexpr (kF16) {
+      float gsc[2] = {gend, gend};
 #pragma unroll
-        for (int i = 0; i < 32; ++i) accX[i] *= sc[kWyScUpd + 8 * (i >> 2) + 2 * t4 + (i & 1)];
+      for (int i = 0; i < 32; ++i) accX[i] *= sc[kWyScUpd + 8 * (i >> 2) + 2 * t4 + (i & 1)];
+      if constexpr (kF16) {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const float m = accumulator_row_max<1>(&accX, hr);
@@ -1526,22 +1526,12 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
           gsc[hr] = gend * (sn * pow2_inverse(sig[hr]));
           sig[hr] = sn;
         }
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-          for (int r = 0; r < 4; ++r)
-            split_fragment<E>(accX, ks, r, sig[r & 1], sig[r & 1], xh[ks][r], xl[ks][r]);
-      } else {
-        gsc[0] = gsc[1] = gend;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const float2 u =
-                *reinterpret_cast<const float2*>(sc + kWyScUpd + 16 * ks + 8 * (r >> 1) + 2 * t4);
-            split_fragment(accX, ks, r, u.x, u.y, xh[ks][r], xl[ks][r]);
-          }
       }
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          split_fragment<E>(accX, ks, r, sig[r & 1], sig[r & 1], xh[ks][r], xl[ks][r]);
 #pragma unroll
       for (int pn = 0; pn < kPanels; ++pn) {
 #pragma unroll
@@ -1597,8 +1587,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
         const int key = 64 * pn + 8 * (i >> 2) + 2 * t4 + (i & 1),
                   col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
         if (key < KD)
-          slot.out[int64_t(key) * V + col] =
-              kF16 ? sT[pn][i] * pow2_inverse(sig[(i >> 1) & 1]) : sT[pn][i];
+          slot.out[int64_t(key) * V + col] = sT[pn][i] * pow2_inverse(sig[(i >> 1) & 1]);
       }
 #endif
 }
