@@ -1,7 +1,8 @@
-// Small utilities of the precision report: error metrics, number formatting, CSV output,
-// a thread pool loop and a progress line on stderr.
+// Small utilities of the precision report: error metrics and summaries, number formatting, CSV
+// output, a thread pool loop and a progress line on stderr.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -44,6 +45,26 @@ inline ErrorStat rel_rms(const std::vector<double>& x, const std::vector<double>
   else
     s.rel = double(std::sqrt(num / den));
   return s;
+}
+
+/// Whether every entry of x is finite.
+inline bool all_finite(const std::vector<double>& x) {
+  return std::all_of(x.begin(), x.end(), [](double y) { return std::isfinite(y); });
+}
+
+/// Geometric mean (NaN for none; the entries must be positive).
+inline double geomean(const std::vector<double>& v) {
+  if (v.empty()) return NAN;
+  double s = 0;
+  for (double x : v) s += std::log(x);
+  return std::exp(s / double(v.size()));
+}
+
+/// Median, the upper one of an even count (NaN for none).
+inline double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 /// Short human form of a number: 3 significant digits, "NaN/Inf" for non-finite values.
