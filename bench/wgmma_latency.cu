@@ -12,7 +12,8 @@
 #include <cstdio>
 #include <iterator>
 
-#include "wgmma.cuh"
+#include "arch/split.cuh"
+#include "arch/wgmma.cuh"
 
 using namespace kla::kernels;
 

@@ -16,8 +16,20 @@
  * sets a thread-local message naming the argument (kla_last_error_message) and launches nothing.
  * Entry points are thread-safe, never synchronise the host and never allocate device memory,
  * so they can be captured in a CUDA graph; results are bitwise reproducible run to run.
- * kla_chunk_forward's fast path uses a caller-allocated device workspace (kla_params.workspace,
- * sized by kla_workspace_size).
+ * kla_chunk_forward's two-pass paths use a caller-allocated device workspace
+ * (kla_params.workspace, sized by kla_workspace_size).
+ *
+ * Kernel plans: which kernel path runs, and with which tiling, is decided on the host before
+ * anything is launched. kla_plan_chunk_forward / kla_plan_tokenwise_forward return that plan
+ * (path, tiling, workspace bytes and the reason, naming why each preferred path declined) without
+ * launching; kla_params.path and kla_params.value_slice request a path and tiling explicitly, and
+ * a request the call cannot honour is an error (KLA_ERROR_UNSUPPORTED_PATH), never a fallback.
+ * The library reads no environment variables.
+ *
+ * ABI: kla_params_init stamps abi_version and struct_size; every entry point refuses a struct
+ * stamped for another layout (KLA_ERROR_ABI_MISMATCH), so a program built against an older kla.h
+ * is detected. Bindings compare KLA_ABI_VERSION with kla_abi_version() once at load. The
+ * library's SONAME carries the ABI version (libkla_cuda.so.<KLA_ABI_VERSION>).
  */
 #ifndef KLA_KLA_H_
 #define KLA_KLA_H_
@@ -35,7 +47,8 @@ extern "C" {
 #define KLA_API __attribute__((visibility("default")))
 #endif
 
-#define KLA_ABI_VERSION 3
+/* The layout of the structs below; CMake reads the SONAME from this line. */
+#define KLA_ABI_VERSION 4
 
 /* A CUDA stream: the same type as cudaStream_t / CUstream (NULL = legacy default stream). */
 typedef struct CUstream_st* kla_stream_t;
@@ -53,7 +66,10 @@ typedef enum kla_status {
   KLA_ERROR_BAD_INDEX = 9,      /* a state pool index outside [-1, pool_size) */
   KLA_ERROR_INVALID_VALUE = 10, /* eps < 0, a non-finite scalar, an unknown enum value */
   KLA_ERROR_NO_DEVICE = 11,     /* no usable CUDA device */
-  KLA_ERROR_CUDA = 12           /* the CUDA runtime reported an error (message has it) */
+  KLA_ERROR_CUDA = 12,          /* the CUDA runtime reported an error (message has it) */
+  KLA_ERROR_UNSUPPORTED_PATH = 13, /* the requested path / tiling cannot run this call, or no
+                                      path can (the message says why) */
+  KLA_ERROR_ABI_MISMATCH = 14      /* params not stamped by this library's kla_params_init */
 } kla_status;
 
 typedef enum kla_dtype { KLA_DTYPE_FP32 = 0, KLA_DTYPE_BF16 = 1, KLA_DTYPE_FP16 = 2 } kla_dtype;
@@ -73,7 +89,29 @@ typedef enum kla_readout { KLA_READOUT_SCALE = 0, KLA_READOUT_Q_L2NORM = 1 } kla
  * to ~2e-5 on colinear or repeated keys (docs/accuracy.md), like TF32 math in other libraries. */
 typedef enum kla_fp32_math { KLA_FP32_MATH_ACCURATE = 0, KLA_FP32_MATH_FAST = 1 } kla_fp32_math;
 
+/* Kernel paths (kla_plan, kla_params.path). docs/architecture.md says what each one is.
+ *   WY             chunkwise, sm_90a: WY prep + scan on wgmma, value slices of 8, 16 or 32 columns
+ *                  (bf16 / fp16, and fp32 with fp32_math FAST; K in {64, 96, 128})
+ *   WY_TRANSPOSED  chunkwise, sm_90a: the WY scan with the state transposed in registers, 64-column
+ *                  slices (bf16 / fp16; K in {64, 128}; V a multiple of 64)
+ *   TF32           chunkwise, sm_80 and later: two passes on split-TF32 tensor cores (any dtype,
+ *                  any head dims; the accurate fp32 default)
+ *   GENERIC        chunkwise, workspace-free single pass (any device, any head dims; slowest)
+ *   TOKENWISE      the decode kernel (kla_tokenwise_forward's only path) */
+typedef enum kla_path {
+  KLA_PATH_AUTO = 0,
+  KLA_PATH_WY = 1,
+  KLA_PATH_WY_TRANSPOSED = 2,
+  KLA_PATH_TF32 = 3,
+  KLA_PATH_GENERIC = 4,
+  KLA_PATH_TOKENWISE = 5
+} kla_path;
+
 typedef struct kla_params {
+  /* Stamped by kla_params_init: KLA_ABI_VERSION and sizeof(kla_params). Checked at every entry. */
+  uint32_t abi_version;
+  uint32_t struct_size;
+
   kla_dtype dtype;     /* of q, k, v and o */
   int64_t batch;       /* B (1 when cu_seqlens is given) */
   int64_t seq_len;     /* T (total packed tokens when cu_seqlens is given) */
@@ -128,17 +166,50 @@ typedef struct kla_params {
 
   /* Device workspace of kla_chunk_forward (ignored by kla_tokenwise_forward): workspace_size
    * bytes, 16-byte aligned, at least kla_workspace_size(p); the call overwrites it, so calls in
-   * flight at the same time need separate workspaces. NULL = no workspace: the chunkwise
-   * forward then runs its workspace-free kernel, correct but many times slower. */
+   * flight at the same time need separate workspaces. NULL = no workspace: only the GENERIC path
+   * can run (correct but many times slower; kla_plan_chunk_forward's reason says so). */
   void* workspace;
   size_t workspace_size;
 
-  /* ABI 3. fp32 chunkwise arithmetic (kla_fp32_math above); kla_params_init sets ACCURATE. */
+  /* fp32 chunkwise arithmetic (kla_fp32_math above); kla_params_init sets ACCURATE. */
   kla_fp32_math fp32_math;
+
+  /* Path request (kla_path above): AUTO lets the plan choose. Any other value runs that path or
+   * fails with KLA_ERROR_UNSUPPORTED_PATH and a message saying why it cannot run this call. */
+  kla_path path;
+  /* Value columns per scan block, 0 = the plan's choice; needs an explicit path. WY: 8 (K >= 96),
+   * 16 or 32; WY_TRANSPOSED: 64; TF32: 8, 16 or 32; GENERIC: 16 or 32; TOKENWISE: 16. V must be
+   * a multiple of it. */
+  int32_t value_slice;
 } kla_params;
 
-/* Zeroes *p and sets the defaults: eta_value 1, eps 0, scale 0 (meaning K^-1/2 once
- * head_dim_k is known), Kaczmarz coefficient, scale read-out. */
+/* What a call will run (kla_plan_chunk_forward, kla_plan_tokenwise_forward). */
+typedef struct kla_plan {
+  kla_path path;           /* never AUTO */
+  const char* path_name;   /* "wy", "wy_transposed", "tf32", "generic", "tokenwise" (static) */
+  int32_t chunk_len;       /* tokens per chunk (0 for tokenwise) */
+  int32_t value_slice;     /* value columns per scan block */
+  int32_t stages;          /* copy stages of the scan's pipeline (1: none) */
+  int32_t threads;         /* threads per scan (or tokenwise) block */
+  int64_t blocks;          /* scan (or tokenwise) blocks */
+  int64_t prep_blocks;     /* prep blocks (0 where the path has no prep kernel) */
+  int64_t smem_bytes;      /* dynamic shared memory per scan block */
+  int64_t prep_smem_bytes; /* dynamic shared memory per prep block */
+  size_t workspace_bytes;  /* bytes of kla_params.workspace this plan uses (0: none) */
+  char reason[768]; /* why this path and tiling; for AUTO, why each preferred path declined */
+} kla_plan;
+
+/* A device as the plan sees it (kla_plan_chunk_forward_for: plan without the device). */
+typedef struct kla_device_info {
+  int32_t compute_major, compute_minor;
+  int32_t multiprocessors;
+  int64_t max_smem_per_block; /* opt-in dynamic shared memory per block, bytes */
+  int32_t tensor_maps;        /* 1: the driver encodes tensor maps (the WY paths need them) */
+} kla_device_info;
+
+/* Zeroes *p, stamps abi_version / struct_size and sets the defaults: eta_value 1, eps 0, scale 0
+ * (meaning K^-1/2 once head_dim_k is known), Kaczmarz coefficient, scale read-out, fp32 ACCURATE,
+ * path AUTO. */
 KLA_API void kla_params_init(kla_params* p);
 
 /* Host-side validation only: needs no GPU and touches no device memory. */
@@ -146,6 +217,18 @@ KLA_API kla_status kla_validate(const kla_params* p);
 
 /* Chunkwise forward (prefill): chunks of 64 tokens, any T, varlen, initial/final state. */
 KLA_API kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream);
+
+/* The plan kla_chunk_forward would run for *p on the current device, without launching: validates
+ * *p, then fills *plan, or returns KLA_ERROR_UNSUPPORTED_PATH when the requested path (or, with
+ * AUTO, every path) cannot run; the message then says why. */
+KLA_API kla_status kla_plan_chunk_forward(const kla_params* p, kla_plan* plan);
+/* The same for a described device (no GPU needed: sizing, tests, ahead-of-time planning). */
+KLA_API kla_status kla_plan_chunk_forward_for(const kla_params* p, const kla_device_info* device,
+                                              kla_plan* plan);
+/* The plan of kla_tokenwise_forward (always the tokenwise kernel; its register family). */
+KLA_API kla_status kla_plan_tokenwise_forward(const kla_params* p, kla_plan* plan);
+/* The facts the plan uses about CUDA device `device` (queried once per device, then cached). */
+KLA_API kla_status kla_device_info_get(int device, kla_device_info* info);
 
 /* Tokenwise forward (decode, short speculative steps): T >= 1 tokens per sequence, the state
  * kept on chip across the call's tokens; in place (final_state == initial_state) or pooled. */
@@ -166,6 +249,10 @@ KLA_API const char* kla_status_string(kla_status s);
 KLA_API const char* kla_last_error_message(void);
 /* "major.minor.patch" of the library. */
 KLA_API const char* kla_version_string(void);
+/* KLA_ABI_VERSION as the library was built: bindings compare it with their own at load. */
+KLA_API uint32_t kla_abi_version(void);
+/* The name of a path ("auto", "wy", ...; "unknown" for other values). */
+KLA_API const char* kla_path_name(kla_path path);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,0 +1,79 @@
+// The CUDA entry points of the C ABI (kla.h): validate on the host, look up the device (cached,
+// api/device.hpp), plan (plan/), translate kla_params into the kernels' KernelParams, launch
+// (launch/) on the caller's stream. No host synchronisation, no allocation, no environment:
+// capturable in a CUDA graph, and the same params always give the same plan on a device.
+#include <string>
+
+#include "api/device.hpp"
+#include "api/errors.hpp"
+#include "api/translate.hpp"
+#include "kla/kla.h"
+#include "launch/launchers.hpp"
+#include "plan/plan.hpp"
+
+namespace {
+
+using kla::detail::fail;
+
+kla_status plan_for_current_device(const kla_params* p, bool chunk, kla::plan::Plan& plan) {
+  if (kla_status s = kla_validate(p)) return s;
+  kla::plan::DeviceInfo dev;
+  if (kla_status s = kla::detail::current_device(dev)) return s;
+  return chunk ? kla::plan::plan_chunk(*p, dev, kla::plan::this_build(), plan)
+               : kla::plan::plan_tokenwise(*p, dev, plan);
+}
+
+kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char* entry) {
+  kla::plan::Plan plan;
+  if (kla_status s = plan_for_current_device(p, chunk, plan)) return s;
+  const char* what = "the launch";
+  const cudaError_t e = kla::kernels::launch(kla::detail::translate(*p, plan), plan, p->dtype,
+                                             static_cast<cudaStream_t>(stream), what);
+  if (e == cudaSuccess) return KLA_SUCCESS;
+  (void)cudaGetLastError();  // clear the runtime's sticky error for this thread
+  return fail(KLA_ERROR_CUDA, std::string(entry) + ": " + what + " (path " +
+                                  kla_path_name(plan.path) + "): " + cudaGetErrorString(e));
+}
+
+kla_status plan_entry(const kla_params* p, bool chunk, kla_plan* out) {
+  kla::plan::Plan plan;
+  if (kla_status s = plan_for_current_device(p, chunk, plan)) return s;
+  if (!out) return fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
+  kla::plan::to_c(plan, *out);
+  return KLA_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream) {
+  return run(p, true, stream, "kla_chunk_forward");
+}
+
+kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t stream) {
+  return run(p, false, stream, "kla_tokenwise_forward");
+}
+
+kla_status kla_plan_chunk_forward(const kla_params* p, kla_plan* plan) {
+  return plan_entry(p, true, plan);
+}
+
+kla_status kla_plan_tokenwise_forward(const kla_params* p, kla_plan* plan) {
+  return plan_entry(p, false, plan);
+}
+
+kla_status kla_device_info_get(int device, kla_device_info* info) {
+  kla::detail::clear_error();
+  if (!info) return fail(KLA_ERROR_NULL_POINTER, "info is NULL");
+  kla::plan::DeviceInfo d;
+  if (kla_status s = kla::detail::device_info(device, d)) return s;
+  info->compute_major = d.cc_major;
+  info->compute_minor = d.cc_minor;
+  info->multiprocessors = d.sms;
+  info->max_smem_per_block = d.max_smem;
+  info->tensor_maps = d.tensor_maps ? 1 : 0;
+  return KLA_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,403 @@
+// Host-side part of the C ABI: parameter defaults, validation, status strings, names and the
+// thread-local error message. Pure C++ with no CUDA dependency, so it builds and is tested on
+// machines without a GPU (and can be fuzzed). Every entry point calls kla_validate first.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <unordered_set>
+
+#include "kla/kla.h"
+#include "api/errors.hpp"
+#include "layout/chunk_geometry.hpp"
+
+#ifndef KLA_VERSION_STRING
+#define KLA_VERSION_STRING "0.0.0"
+#endif
+
+namespace kla::detail {
+
+namespace {
+thread_local std::string t_last_error;
+}
+
+kla_status fail(kla_status s, const std::string& message) {
+  t_last_error = "kla: " + message;
+  return s;
+}
+
+void clear_error() {
+  t_last_error.clear();
+}
+
+namespace {
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
+}
+
+std::size_t dtype_bytes(kla_dtype d) {
+  return d == KLA_DTYPE_FP32 ? 4 : 2;
+}
+
+template <class... A>
+std::string cat(const A&... a) {
+  std::ostringstream os;
+  (os << ... << a);
+  return os.str();
+}
+
+// Checks the B, T, head strides of a 4-d tensor [B,T,X,last] (last contiguous). A stride of a
+// dimension of extent 1 is never used and is not checked.
+kla_status check_strides(const char* name, const int64_t* s, const int64_t ext[3],
+                         std::size_t elem) {
+  static const char* dims[3] = {"B", "T", "head"};
+  for (int d = 0; d < 3; ++d) {
+    if (ext[d] <= 1) continue;
+    if (s[d] <= 0)
+      return fail(KLA_ERROR_BAD_STRIDE,
+                  cat(name, "_strides[", d, "] (", dims[d], ") = ", s[d], " must be positive"));
+    if ((static_cast<std::uint64_t>(s[d]) * elem) % 16 != 0)
+      return fail(KLA_ERROR_MISALIGNED, cat(name, "_strides[", d, "] (", dims[d], ") = ", s[d],
+                                            " elements is not a multiple of 16 bytes"));
+  }
+  return KLA_SUCCESS;
+}
+
+// Byte span of a strided tensor: (sum over used dims of (extent-1)*stride + inner) * elem, with
+// every step checked, so absurd sizes or strides are refused instead of wrapping around (and
+// later checks on spans, which assume no overflow, stay defined).
+kla_status check_span(const char* name, const int64_t* s, const int64_t* ext, int dims,
+                      int64_t inner, std::size_t elem) {
+  int64_t span = inner;
+  for (int d = 0; d < dims; ++d) {
+    if (ext[d] <= 1) continue;
+    int64_t step = 0;
+    if (__builtin_mul_overflow(ext[d] - 1, s[d], &step) ||
+        __builtin_add_overflow(span, step, &span))
+      return fail(KLA_ERROR_INVALID_SIZE, cat(name, " spans more than 2^63-1 elements"));
+  }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(span, static_cast<int64_t>(elem), &bytes))
+    return fail(KLA_ERROR_INVALID_SIZE, cat(name, " spans more than 2^63-1 bytes"));
+  return KLA_SUCCESS;
+}
+
+// Output tensors must not overlap themselves: a sufficient condition is the row-major nesting
+// head stride >= last extent, T stride >= extent of one token, B stride >= extent of a row.
+kla_status check_no_overlap(const char* name, const int64_t* s, const int64_t ext[3],
+                            int64_t last) {
+  int64_t inner = last;  // elements spanned by one index of the next-outer dimension
+  static const char* dims[3] = {"B", "T", "head"};
+  for (int d = 2; d >= 0; --d) {
+    if (ext[d] > 1) {
+      if (s[d] < inner)
+        return fail(KLA_ERROR_BAD_STRIDE,
+                    cat(name, "_strides[", d, "] (", dims[d], ") = ", s[d], " makes ", name,
+                        " overlap itself (need >= ", inner, ")"));
+      inner = (ext[d] - 1) * s[d] + inner;
+    }
+  }
+  return KLA_SUCCESS;
+}
+
+kla_status check_gate(const char* name, const float* p, const int64_t* s, int64_t B, int64_t T) {
+  if (!p) return KLA_SUCCESS;
+  if ((reinterpret_cast<std::uintptr_t>(p) & 3u) != 0)
+    return fail(KLA_ERROR_MISALIGNED, cat(name, " is not 4-byte aligned"));
+  const int64_t ext[2] = {B, T};
+  for (int d = 0; d < 2; ++d)
+    if (ext[d] > 1 && s[d] <= 0)
+      return fail(KLA_ERROR_BAD_STRIDE,
+                  cat(name, "_strides[", d, "] = ", s[d], " must be positive"));
+  return KLA_SUCCESS;
+}
+
+// A C caller may store any int in an enum field; loading an out-of-range value as a C++ enum
+// without a fixed underlying type is undefined, so enum fields are read as their bytes.
+template <class E>
+int enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized on supported ABIs");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+bool head_dim_ok(int64_t d) {
+  return d >= 16 && d <= 256 && d % 16 == 0;
+}
+
+}  // namespace
+}  // namespace kla::detail
+
+extern "C" {
+
+void kla_params_init(kla_params* p) {
+  if (!p) return;
+  std::memset(p, 0, sizeof(*p));
+  p->abi_version = KLA_ABI_VERSION;
+  p->struct_size = sizeof(kla_params);
+  p->dtype = KLA_DTYPE_BF16;
+  p->eta_value = 1.0f;
+  p->eps = 0.0f;
+  p->scale = 0.0f;
+  p->coefficient = KLA_COEFF_KACZMARZ;
+  p->readout = KLA_READOUT_SCALE;
+  p->fp32_math = KLA_FP32_MATH_ACCURATE;
+  p->path = KLA_PATH_AUTO;
+  p->value_slice = 0;
+}
+
+kla_status kla_validate(const kla_params* p) {
+  using namespace kla::detail;
+  clear_error();
+  if (!p) return fail(KLA_ERROR_NULL_POINTER, "params is NULL");
+  // First, before any other field is read: a struct of another layout (a caller built against
+  // another kla.h) has other fields at these offsets.
+  if (p->abi_version != KLA_ABI_VERSION || p->struct_size != sizeof(kla_params))
+    return fail(KLA_ERROR_ABI_MISMATCH,
+                cat("params are stamped abi_version = ", p->abi_version, ", struct_size = ",
+                    p->struct_size, "; this library is ABI ", KLA_ABI_VERSION, " (struct_size ",
+                    sizeof(kla_params), "): fill them with kla_params_init of this kla.h"));
+  const int dtype = enum_bits(p->dtype), coef = enum_bits(p->coefficient);
+  const int readout = enum_bits(p->readout);
+  if (dtype != KLA_DTYPE_FP32 && dtype != KLA_DTYPE_BF16 && dtype != KLA_DTYPE_FP16)
+    return fail(KLA_ERROR_UNSUPPORTED_DTYPE, cat("dtype = ", dtype, " is not fp32, bf16 or fp16"));
+  if (coef != KLA_COEFF_KACZMARZ && coef != KLA_COEFF_GIVEN)
+    return fail(KLA_ERROR_INVALID_VALUE, cat("coefficient = ", coef, " is unknown"));
+  if (readout != KLA_READOUT_SCALE && readout != KLA_READOUT_Q_L2NORM)
+    return fail(KLA_ERROR_INVALID_VALUE, cat("readout = ", readout, " is unknown"));
+  const int fp32_math = enum_bits(p->fp32_math);
+  if (fp32_math != KLA_FP32_MATH_ACCURATE && fp32_math != KLA_FP32_MATH_FAST)
+    return fail(KLA_ERROR_INVALID_VALUE, cat("fp32_math = ", fp32_math, " is unknown"));
+  const int path = enum_bits(p->path);
+  if (path < KLA_PATH_AUTO || path > KLA_PATH_TOKENWISE)
+    return fail(KLA_ERROR_INVALID_VALUE, cat("path = ", path, " is unknown"));
+  const int32_t vs = p->value_slice;
+  if (vs != 0 && vs != 8 && vs != 16 && vs != 32 && vs != 64)
+    return fail(KLA_ERROR_INVALID_VALUE,
+                cat("value_slice = ", vs, " is not 0 (the plan's choice), 8, 16, 32 or 64"));
+  if (vs != 0 && path == KLA_PATH_AUTO)
+    return fail(KLA_ERROR_INVALID_VALUE,
+                cat("value_slice = ", vs, " needs an explicit path (kla_params.path is AUTO)"));
+
+  const struct {
+    const char* name;
+    int64_t value;
+  } sizes[] = {{"batch", p->batch},           {"seq_len", p->seq_len},
+               {"num_heads", p->num_heads},   {"num_v_heads", p->num_v_heads},
+               {"head_dim_k", p->head_dim_k}, {"head_dim_v", p->head_dim_v}};
+  for (const auto& s : sizes)
+    if (s.value <= 0)
+      return fail(KLA_ERROR_INVALID_SIZE, cat(s.name, " = ", s.value, " must be positive"));
+  const int64_t B = p->batch, T = p->seq_len, H = p->num_heads, HV = p->num_v_heads;
+  const int64_t K = p->head_dim_k, V = p->head_dim_v;
+  if (HV % H != 0)
+    return fail(KLA_ERROR_SHAPE_MISMATCH,
+                cat("num_v_heads = ", HV, " is not a multiple of num_heads = ", H));
+  if (!head_dim_ok(K))
+    return fail(KLA_ERROR_UNSUPPORTED_HEAD_DIM,
+                cat("head_dim_k = ", K, " is not a multiple of 16 in [16, 256]"));
+  if (!head_dim_ok(V))
+    return fail(KLA_ERROR_UNSUPPORTED_HEAD_DIM,
+                cat("head_dim_v = ", V, " is not a multiple of 16 in [16, 256]"));
+  if (T > INT32_MAX) return fail(KLA_ERROR_INVALID_SIZE, cat("seq_len = ", T, " exceeds 2^31-1"));
+
+  const struct {
+    const char* name;
+    const void* ptr;
+  } tensors[] = {{"q", p->q}, {"k", p->k}, {"v", p->v}, {"o", p->o}};
+  for (const auto& t : tensors) {
+    if (!t.ptr) return fail(KLA_ERROR_NULL_POINTER, cat(t.name, " is NULL"));
+    if (!aligned16(t.ptr))
+      return fail(KLA_ERROR_MISALIGNED, cat(t.name, " is not 16-byte aligned"));
+  }
+  const std::size_t eb = dtype_bytes(static_cast<kla_dtype>(dtype));
+  const int64_t ext_qk[3] = {B, T, H}, ext_vo[3] = {B, T, HV};
+  if (auto s = check_strides("q", p->q_strides, ext_qk, eb)) return s;
+  if (auto s = check_strides("k", p->k_strides, ext_qk, eb)) return s;
+  if (auto s = check_strides("v", p->v_strides, ext_vo, eb)) return s;
+  if (auto s = check_strides("o", p->o_strides, ext_vo, eb)) return s;
+  if (auto s = check_span("q", p->q_strides, ext_qk, 3, K, eb)) return s;
+  if (auto s = check_span("k", p->k_strides, ext_qk, 3, K, eb)) return s;
+  if (auto s = check_span("v", p->v_strides, ext_vo, 3, V, eb)) return s;
+  if (auto s = check_span("o", p->o_strides, ext_vo, 3, V, eb)) return s;
+  if (auto s = check_no_overlap("o", p->o_strides, ext_vo, V)) return s;
+  if (auto s = check_gate("g", p->g, p->g_strides, B, T)) return s;
+  if (auto s = check_gate("eta", p->eta, p->eta_strides, B, T)) return s;
+  const int64_t ext_gate[2] = {B, T};
+  if (p->g)
+    if (auto s = check_span("g", p->g_strides, ext_gate, 2, HV, sizeof(float))) return s;
+  if (p->eta)
+    if (auto s = check_span("eta", p->eta_strides, ext_gate, 2, HV, sizeof(float))) return s;
+  if (!p->eta && !std::isfinite(p->eta_value))
+    return fail(KLA_ERROR_INVALID_VALUE, "eta_value is not finite");
+  if (!std::isfinite(p->eps) || p->eps < 0.0f)
+    return fail(KLA_ERROR_INVALID_VALUE, cat("eps = ", p->eps, " must be finite and >= 0"));
+  if (readout == KLA_READOUT_SCALE && !std::isfinite(p->scale))
+    return fail(KLA_ERROR_INVALID_VALUE, "scale is not finite");
+
+  // Sequences.
+  int64_t N = B;
+  if (p->cu_seqlens || p->cu_seqlens_host) {
+    if (!p->cu_seqlens)
+      return fail(KLA_ERROR_NULL_POINTER, "cu_seqlens is NULL while cu_seqlens_host is set");
+    if (!p->cu_seqlens_host)
+      return fail(KLA_ERROR_NULL_POINTER,
+                  "cu_seqlens_host is NULL (the host copy of cu_seqlens is required)");
+    if (B != 1)
+      return fail(KLA_ERROR_SHAPE_MISMATCH, cat("cu_seqlens needs batch = 1, got batch = ", B));
+    if (p->num_seqs <= 0)
+      return fail(KLA_ERROR_INVALID_SIZE, cat("num_seqs = ", p->num_seqs, " must be positive"));
+    N = p->num_seqs;
+    const int32_t* cu = p->cu_seqlens_host;
+    if (cu[0] != 0)
+      return fail(KLA_ERROR_BAD_CU_SEQLENS, cat("cu_seqlens[0] = ", cu[0], " must be 0"));
+    for (int64_t n = 0; n < N; ++n)
+      if (cu[n + 1] < cu[n])
+        return fail(KLA_ERROR_BAD_CU_SEQLENS,
+                    cat("cu_seqlens is not monotonic: cu_seqlens[", n + 1, "] = ", cu[n + 1],
+                        " < cu_seqlens[", n, "] = ", cu[n]));
+    if (cu[N] != T)
+      return fail(KLA_ERROR_BAD_CU_SEQLENS,
+                  cat("cu_seqlens[", N, "] = ", cu[N], " must equal seq_len = ", T));
+  }
+
+  // States: N (or pool_size) x HV x K x V fp32, sizes checked against overflow.
+  int64_t state_elems = 0, row_bytes = 0, states_bytes = 0;
+  if (__builtin_mul_overflow(HV, K * V, &state_elems) ||
+      __builtin_mul_overflow(state_elems, static_cast<int64_t>(sizeof(float)), &row_bytes) ||
+      __builtin_mul_overflow(row_bytes, N, &states_bytes))
+    return fail(KLA_ERROR_INVALID_SIZE, "states [N, HV, K, V] span more than 2^63-1 bytes");
+  if (p->state_pool) {
+    if (p->initial_state || p->final_state)
+      return fail(KLA_ERROR_INVALID_VALUE,
+                  "state_pool excludes initial_state and final_state (set them to NULL)");
+    if (!aligned16(p->state_pool))
+      return fail(KLA_ERROR_MISALIGNED, "state_pool is not 16-byte aligned");
+    if (p->pool_size <= 0)
+      return fail(KLA_ERROR_INVALID_SIZE, cat("pool_size = ", p->pool_size, " must be positive"));
+    int64_t pool_bytes = 0;
+    if (__builtin_mul_overflow(row_bytes, p->pool_size, &pool_bytes))
+      return fail(KLA_ERROR_INVALID_SIZE,
+                  cat("pool_size = ", p->pool_size, " makes the pool span more than 2^63-1 bytes"));
+    if (!p->state_indices) return fail(KLA_ERROR_NULL_POINTER, "state_indices is NULL");
+    if (!p->state_indices_host)
+      return fail(KLA_ERROR_NULL_POINTER,
+                  "state_indices_host is NULL (the host copy of state_indices is required)");
+    std::unordered_set<int32_t> seen;
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t idx = p->state_indices_host[n];
+      if (idx < -1 || idx >= p->pool_size)
+        return fail(KLA_ERROR_BAD_INDEX, cat("state_indices[", n, "] = ", idx,
+                                             " is outside [-1, pool_size = ", p->pool_size, ")"));
+      if (idx >= 0 && !seen.insert(idx).second)
+        return fail(KLA_ERROR_BAD_INDEX, cat("state_indices[", n, "] = ", idx,
+                                             " repeats an earlier index (rows would race)"));
+    }
+  } else if (p->state_indices || p->state_indices_host) {
+    return fail(KLA_ERROR_NULL_POINTER, "state_indices given but state_pool is NULL");
+  }
+  if (p->initial_state && !aligned16(p->initial_state))
+    return fail(KLA_ERROR_MISALIGNED, "initial_state is not 16-byte aligned");
+  if (p->final_state && !aligned16(p->final_state))
+    return fail(KLA_ERROR_MISALIGNED, "final_state is not 16-byte aligned");
+  if (p->initial_state && p->final_state && p->initial_state != p->final_state) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p->initial_state);
+    const auto b = reinterpret_cast<std::uintptr_t>(p->final_state);
+    const auto bytes = static_cast<std::uintptr_t>(states_bytes);
+    if (a < b + bytes && b < a + bytes)
+      return fail(
+          KLA_ERROR_INVALID_VALUE,
+          "final_state partially overlaps initial_state (use the same pointer for in place)");
+  }
+  if (p->workspace) {
+    if (!aligned16(p->workspace))
+      return fail(KLA_ERROR_MISALIGNED, "workspace is not 16-byte aligned");
+    const std::size_t need = kla_workspace_size(p);
+    if (p->workspace_size < need)
+      return fail(KLA_ERROR_INVALID_SIZE, cat("workspace_size = ", p->workspace_size,
+                                              " is less than kla_workspace_size() = ", need));
+  }
+  return KLA_SUCCESS;
+}
+
+size_t kla_workspace_size(const kla_params* p) {
+  // Depends on sizes (batch / num_seqs, seq_len, num_heads, num_v_heads, head dims) and the
+  // dtype; 0 where they are unusable.
+  if (!p || p->seq_len <= 0 || p->num_v_heads <= 0 || p->seq_len > INT32_MAX) return 0;
+  // Head dims not set (<= 0): the size for the largest supported ones (256) plus the largest K
+  // / Q images (K = 128, any dtype), so a buffer sized before the head dims are known serves
+  // every call with these sizes. num_heads not set: num_v_heads (at least as many).
+  const bool dims_set = p->head_dim_k > 0 && p->head_dim_v > 0;
+  const int64_t K = p->head_dim_k > 0 ? p->head_dim_k : 256,
+                V = p->head_dim_v > 0 ? p->head_dim_v : 256;
+  if (K > 4096 || V > 4096) return 0;
+  const bool packed = p->cu_seqlens != nullptr || p->cu_seqlens_host != nullptr;
+  const int64_t N = packed ? p->num_seqs : p->batch;
+  const int64_t H = p->num_heads > 0 ? p->num_heads : p->num_v_heads;
+  if (N <= 0 || N > INT32_MAX || p->num_v_heads > INT32_MAX || H > p->num_v_heads) return 0;
+  const int64_t slots = kla::layout::chunk_slots(N, p->seq_len, packed);
+  const int64_t image =
+      dims_set ? kla::layout::wy_image_bytes(
+                     K, kla::layout::wy_needs_images(kla::detail::enum_bits(p->dtype),
+                                                     kla::detail::enum_bits(p->fp32_math)))
+               : kla::layout::wy_image_bytes(128, true);
+  // The records, then one K and one Q image per (chunk slot, key head); checked in double
+  // first so the int64 products below cannot overflow.
+  const double total =
+      double(slots) * (double(p->num_v_heads) * double(kla::layout::ws_record_bytes(K, V)) +
+                       2.0 * double(H) * double(image));
+  if (total > 9.0e18) return 0;
+  return static_cast<size_t>(
+      kla::layout::ws_records_bytes(N, p->seq_len, packed, p->num_v_heads, K, V) +
+      slots * 2 * H * image);
+}
+
+const char* kla_status_string(kla_status status) {
+  switch (kla::detail::enum_bits(status)) {
+    case KLA_SUCCESS: return "KLA_SUCCESS";
+    case KLA_ERROR_NULL_POINTER: return "KLA_ERROR_NULL_POINTER";
+    case KLA_ERROR_INVALID_SIZE: return "KLA_ERROR_INVALID_SIZE";
+    case KLA_ERROR_SHAPE_MISMATCH: return "KLA_ERROR_SHAPE_MISMATCH";
+    case KLA_ERROR_BAD_STRIDE: return "KLA_ERROR_BAD_STRIDE";
+    case KLA_ERROR_MISALIGNED: return "KLA_ERROR_MISALIGNED";
+    case KLA_ERROR_UNSUPPORTED_DTYPE: return "KLA_ERROR_UNSUPPORTED_DTYPE";
+    case KLA_ERROR_UNSUPPORTED_HEAD_DIM: return "KLA_ERROR_UNSUPPORTED_HEAD_DIM";
+    case KLA_ERROR_BAD_CU_SEQLENS: return "KLA_ERROR_BAD_CU_SEQLENS";
+    case KLA_ERROR_BAD_INDEX: return "KLA_ERROR_BAD_INDEX";
+    case KLA_ERROR_INVALID_VALUE: return "KLA_ERROR_INVALID_VALUE";
+    case KLA_ERROR_NO_DEVICE: return "KLA_ERROR_NO_DEVICE";
+    case KLA_ERROR_CUDA: return "KLA_ERROR_CUDA";
+    case KLA_ERROR_UNSUPPORTED_PATH: return "KLA_ERROR_UNSUPPORTED_PATH";
+    case KLA_ERROR_ABI_MISMATCH: return "KLA_ERROR_ABI_MISMATCH";
+  }
+  return "KLA_ERROR_UNKNOWN_STATUS";
+}
+
+const char* kla_last_error_message(void) {
+  return kla::detail::t_last_error.c_str();
+}
+
+const char* kla_version_string(void) {
+  return KLA_VERSION_STRING;
+}
+
+uint32_t kla_abi_version(void) {
+  return KLA_ABI_VERSION;
+}
+
+const char* kla_path_name(kla_path path) {
+  switch (kla::detail::enum_bits(path)) {
+    case KLA_PATH_AUTO: return "auto";
+    case KLA_PATH_WY: return "wy";
+    case KLA_PATH_WY_TRANSPOSED: return "wy_transposed";
+    case KLA_PATH_TF32: return "tf32";
+    case KLA_PATH_GENERIC: return "generic";
+    case KLA_PATH_TOKENWISE: return "tokenwise";
+  }
+  return "unknown";
+}
+
+}  // extern "C"

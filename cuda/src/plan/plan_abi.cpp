@@ -1,0 +1,23 @@
+// The host-only entry point of the plan: kla_plan_chunk_forward_for (a described device, no GPU).
+// The current-device entry points (kla_plan_chunk_forward, kla_plan_tokenwise_forward) live in
+// api/entry.cu, beside the device query.
+#include "api/errors.hpp"
+#include "kla/kla.h"
+#include "plan/plan.hpp"
+
+extern "C" {
+
+kla_status kla_plan_chunk_forward_for(const kla_params* p, const kla_device_info* device,
+                                      kla_plan* plan) {
+  if (kla_status s = kla_validate(p)) return s;
+  if (!device) return kla::detail::fail(KLA_ERROR_NULL_POINTER, "device is NULL");
+  if (!plan) return kla::detail::fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
+  kla::plan::Plan out;
+  if (kla_status s =
+          kla::plan::plan_chunk(*p, kla::plan::from_c(*device), kla::plan::this_build(), out))
+    return s;
+  kla::plan::to_c(out, *plan);
+  return KLA_SUCCESS;
+}
+
+}  // extern "C"

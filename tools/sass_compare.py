@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Compares the SASS of two builds of libkla_cuda, kernel by kernel.
+
+  python3 tools/sass_compare.py OLD.so NEW.so [--rename OLD_SUBSTR=NEW_SUBSTR ...]
+
+Dumps both with `cuobjdump -sass` (on PATH), splits the listing per (architecture, kernel), and
+reports kernels that are missing on either side or whose instruction lists differ. A refactor
+that must not change the kernels' arithmetic (docs/architecture.md) shows "identical" for every
+kernel. --rename maps a kernel renamed by the refactor (a substring of its mangled name) so the
+pair is compared. Exit status 1 when anything differs.
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+
+def kernels(path):
+    text = subprocess.run(["cuobjdump", "-sass", path], check=True, capture_output=True,
+                          text=True).stdout
+    out, arch, key, body = {}, "?", None, []
+    for line in text.splitlines():
+        m = re.match(r"\s*code for (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            if key:
+                out[key] = body
+            key, body = (arch, m.group(1)), []
+            continue
+        if key and re.search(r"/\*[0-9a-f]{4,}\*/", line):
+            # The instruction alone: the address comment and the encoding words go.
+            ins = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).split(";")[0].strip()
+            if ins:
+                body.append(ins)
+    if key:
+        out[key] = body
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("--rename", action="append", default=[])
+    a = ap.parse_args()
+    old, new = kernels(a.old), kernels(a.new)
+    renames = [r.split("=", 1) for r in a.rename]
+
+    def mapped(key):
+        arch, name = key
+        for s, t in renames:
+            name = name.replace(s, t)
+        return (arch, name)
+
+    old = {mapped(k): v for k, v in old.items()}
+    bad = 0
+    for key in sorted(set(old) | set(new)):
+        if key not in new:
+            print(f"only in old: {key[0]} {key[1]}")
+            bad += 1
+        elif key not in old:
+            print(f"only in new: {key[0]} {key[1]}")
+            bad += 1
+        elif old[key] != new[key]:
+            n = sum(1 for x, y in zip(old[key], new[key]) if x != y) + abs(len(old[key]) - len(new[key]))
+            print(f"differs ({n} of {len(new[key])} instructions): {key[0]} {key[1]}")
+            bad += 1
+    print(f"{len(new)} kernels compared, {bad} differ or are unmatched" if bad else
+          f"{len(new)} kernels, SASS identical")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
