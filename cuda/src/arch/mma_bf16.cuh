@@ -78,9 +78,4 @@ __device__ __forceinline__ int frag_b_kn(int P, int k0, int n0, int lane) {
   return (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + n0 + (lane >> 4) * 8;
 }
 
-/// x, y -> hi = E2(x, y), lo = E2(x - hi.x, y - hi.y) for the 2-byte type E (bf16: 16
-/// significant bits together; fp16: 22 while both stay normal, so the caller scales the pair
-/// into fp16's range first, fp16_range_scale), both round to nearest; x is the lower half (the
-/// element at the lower address / lower index).
-
 }  // namespace kla::kernels

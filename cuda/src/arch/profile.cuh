@@ -2,8 +2,8 @@
 // of the scan records the cycles per chunk that warp 0 (recurrence) and warp 8 (read-out; the
 // transposed scan: warp 0 only) spend in each phase, and a kernel launched after it prints them.
 // Not printf in the scan itself: a kernel that calls printf has every wgmma serialised by ptxas
-// (a wait after each), which overstates the products (prefill_notes.md, w60). Without the define
-// KLA_WY_MARK is empty and nothing here is compiled.
+// (a wait after each), which overstates the products (docs/prefill_notes.md, 'Design decisions').
+// Without the define KLA_WY_MARK is empty and nothing here is compiled.
 #pragma once
 
 #ifdef KLA_WY_PROFILE

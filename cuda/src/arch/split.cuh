@@ -12,6 +12,10 @@
 
 namespace kla::kernels {
 
+/// x, y -> hi = E2(x, y), lo = E2(x - hi.x, y - hi.y) for the 2-byte type E (bf16: 16
+/// significant bits together; fp16: 22 while both stay normal, so the caller scales the pair
+/// into fp16's range first, fp16_range_scale), both round to nearest; x is the lower half (the
+/// element at the lower address / lower index).
 template <class E>
 __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
   hi = Dtype<E>::pack2(x, y);

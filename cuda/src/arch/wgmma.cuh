@@ -10,8 +10,8 @@
 //   M-major A (the transpose of a K-major tile: rows = k): 8-row groups along k 1024 B apart.
 //   D (m64nN): warp w of the warpgroup rows 16w.., float d[N/2], d[4j + e] as the mma C fragment
 //   of 8-column tile j.
-// Only compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); the host dispatch (KLA_HAVE_SM90A)
-// keeps the WY path away when the build has no sm_90a image.
+// Only compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); the plan (BuildInfo, KLA_HAVE_SM90A)
+// keeps the WY paths away when the build has no sm_90a image.
 #pragma once
 
 #include <cstdint>

@@ -61,9 +61,10 @@ constexpr WyPrepLayout wy_prep_layout(Elem e, int KD) {
 
 // ---- scan (chunk_wy_scan_kernel): warp roles ---------------------------------------------------
 /// 8 recurrence warps (R, X and the state: the chain from chunk to chunk), 4 read-out warps (O,
-/// off the chain), and the producer, which issues the copies: for bf16 a warp of its own (its
-/// five tensor copies a chunk made a read-out warp 14% slower), for fp16 / fp32 (one bulk copy of
-/// the images) the first read-out warp.
+/// off the chain), and the producer, which issues the copies: for bf16 a warp of its own (on a
+/// read-out warp its five tensor copies a chunk would delay that warpgroup's Q S wgmma and with it
+/// the chunk; docs/prefill_notes.md, 'Design decisions'), for fp16 / fp32 (one bulk copy of the
+/// images) the first read-out warp.
 constexpr int kWyRecWarps = 8, kWyReadWarps = 4;
 constexpr bool wy_own_producer(Elem e) {
   return e == Elem::BF16;
@@ -154,7 +155,8 @@ constexpr int64_t wy_scan_smem_bytes_v(Elem e, int KD, int VS, bool v_in_smem, i
 }
 /// Whether the scan's V slice goes through the stages (a tensor copy a chunk) or, where the
 /// stages have no room for it (fp16 / fp32 at VS = 32), from global memory straight to the
-/// recurrence warps' registers a chunk ahead (~4% slower where both fit, measured on bf16).
+/// recurrence warps' registers a chunk ahead (the slower way where both fit; docs/prefill_notes.md,
+/// 'Design decisions').
 constexpr bool wy_v_in_smem(Elem e, int KD, int VS) {
   return wy_scan_smem_bytes_v(e, KD, VS, true) <= kSm90MaxSmem;
 }
@@ -162,8 +164,8 @@ constexpr int64_t wy_stage_bytes(Elem e, int KD, int VS) {
   return wy_stage_bytes_v(e, KD, VS, wy_v_in_smem(e, KD, VS));
 }
 /// Stages of the scan's copy ring: three at VS = 8 where they fit, so that a chunk's copies have
-/// two chunk periods to land, not one; else two (prefill_notes.md, session 11: a third stage at
-/// VS = 16 was slower).
+/// two chunk periods to land, not one; else two (a third stage does not pay at VS >= 16;
+/// docs/prefill_notes.md, 'Design decisions').
 constexpr int wy_scan_stages(Elem e, int KD, int VS) {
   return VS == 8 && wy_v_in_smem(e, KD, VS) &&
                  wy_scan_smem_bytes_v(e, KD, VS, true, 3) <= kSm90MaxSmem

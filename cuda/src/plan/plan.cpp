@@ -70,9 +70,10 @@ int wy_auto_slice(const Problem& pb, const DeviceInfo& dev, std::string& why) {
   return 16;
 }
 
-/// Whether the transposed scan pays where none is requested: its chunk step costs ~1.4x a
-/// 32-column step for twice the columns, so it is taken only where its 64-column blocks still
-/// fill the multiprocessors (at least 7/8 of them).
+/// Whether the transposed scan pays where none is requested: its chunk step costs less a value
+/// column than a 32-column step but more a block, so it is taken only where its 64-column blocks
+/// still fill the multiprocessors (at least 7/8 of them; docs/prefill_notes.md, 'Design
+/// decisions').
 bool wy_transposed_pays(const Problem& pb, const DeviceInfo& dev, std::string& why) {
   const int64_t b64 = pb.N * pb.HV * (pb.V / 64);
   const bool pays = b64 >= dev.sms - dev.sms / 8;

@@ -1,6 +1,6 @@
 // The plan layer: which kernel path runs a call, with which tiling, and why. Pure host code (no
 // CUDA): it sees the validated kla_params, a description of the device (DeviceInfo, cached per
-// device by api/device.cpp) and of the build (BuildInfo), and decides everything the launchers
+// device by api/device.cu) and of the build (BuildInfo), and decides everything the launchers
 // (launch/) then only carry out. Each path has one predicate that says yes or why not
 // (plan/paths.hpp, CUTLASS's can_implement); plan_chunk orders them and picks the tiling
 // (FlashAttention-3's heuristics, overridable through kla_params.path / value_slice).

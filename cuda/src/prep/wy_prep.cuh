@@ -31,7 +31,7 @@
 namespace kla::kernels {
 
 /// Chunk slot `slot`'s K image (its Q image follows) for key head h in the workspace
-/// (workspace.hpp; images of KD-column tiles).
+/// (layout/chunk_geometry.hpp; images of KD-column tiles).
 template <int KD>
 __device__ __forceinline__ char* wy_image_pair(const KernelParams& p, int64_t slot, int h) {
   return p.ws_images + (slot * p.H + h) * (2 * wy_image_bytes(KD, true));
@@ -39,7 +39,7 @@ __device__ __forceinline__ char* wy_image_pair(const KernelParams& p, int64_t sl
 
 /// fp16 / fp32: the chunk's K and Q tiles (raw in shared memory, rows past the chunk zero; fp16:
 /// swizzled panels as load_rows_sw128 leaves them, fp32: rows of pitch KP) as the scan's wgmma A
-/// operands, split into bf16 hi + lo: a K image then a Q image at dst (workspace.hpp), each
+/// operands, split into bf16 hi + lo: a K image then a Q image at dst (chunk_geometry.hpp), each
 /// 64-column panel as its hi panel then its lo panel, 64 rows x 128 B with the 128-byte swizzle
 /// (16-byte piece c of row r at c ^ r % 8), columns past KD zero. fp16 values are exact in hi +
 /// lo; fp32 keep 16 significant bits (relative error <= 2^-17). Piece order: 8 consecutive
@@ -48,7 +48,8 @@ template <class E, int KD>
 __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP, char* dst) {
   constexpr int kPanels = (KD + 63) / 64, kPieces = kChunk * kPanels * 8, kPanel = kChunk * 128;
   constexpr int64_t kImage = 2LL * kPanels * kPanel;
-  static_assert(kImage == wy_image_bytes(KD, true), "workspace.hpp's image size");
+  static_assert(kImage == wy_image_bytes(KD, true),
+                "the workspace's image size (layout/chunk_geometry.hpp)");
   for (int idx = int(threadIdx.x); idx < 2 * kPieces; idx += kWyPrepThreads) {
     const bool isq = idx >= kPieces;
     const int q = isq ? idx - kPieces : idx, row = q / (kPanels * 8), pn = (q >> 3) % kPanels,
@@ -79,9 +80,9 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
   }
 }
 
-// 4 blocks a multiprocessor: 64 registers with a few spills beat 71 registers at 3 blocks
-// (prefill_notes.md, w24: 295 -> 275 us at 1 x 32768 x 16). fp32 tiles take twice the shared
-// memory, so 3 blocks fit (w43).
+// 4 blocks a multiprocessor (64 registers a thread): the prep is bound by issue and latency and
+// runs faster at 4 blocks than at 3 with more registers (docs/prefill_notes.md, 'Design
+// decisions'). fp32 tiles take twice the shared memory, so 3 blocks fit.
 template <class E, int KD>
 __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
     chunk_wy_prep_kernel(const KernelParams p, char* __restrict__ ws) {
@@ -103,8 +104,8 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
   constexpr int64_t kq_bytes = Lay.kq, l_bytes = Lay.l;
   // The lead region holds K, then the inverse's scratch beside P split (hi, lo) for P T. The
   // region after it holds Q until the masked K K^T overwrites it (Q K^T waits in registers by
-  // then), then lm and T side by side: fp32 (KD = 128) 69 KB in all, not 85, so that 3 blocks
-  // fit a multiprocessor.
+  // then), then lm and T side by side: fp32 (KD = 128) 69 KB in all, so that 3 blocks fit a
+  // multiprocessor.
   constexpr int64_t region_bytes = Lay.region, lead_bytes = Lay.lead;
   E* Kr = reinterpret_cast<E*>(smem);    // raw keys, then the inverse's scratch
   char* Ps = smem + kInvScratch * 4;     // P split (before the inverse): packed hi tile, then lo
@@ -173,8 +174,8 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
   // bf16 / fp16: warpgroup 0 forms K K^T, warpgroup 1 Q K^T, each as one m64n64 wgmma chain (full
   // 64 x 64; the tiles above the diagonal are not read): warp w holds rows 16 (w % 4).. of all 64
   // columns, wd[4 (2 nb + nj) + e] as tile (row block w % 4, column block nb)'s mma C fragment of
-  // 8-column tile nj. On mma.sync (16 x 16 tiles spread over the warps) they cost the prep ~15 us
-  // at 1 x 32768 x 16 (prefill_notes.md, session 12).
+  // 8-column tile nj. The products leave the warps' issue slots and registers, which mma.sync
+  // over 16 x 16 tiles would take (docs/prefill_notes.md, 'Design decisions').
   [[maybe_unused]] float wd[32];
   [[maybe_unused]] float acc[3][2][4];  // fp32: unit k's tile, mma C fragments of its 2 tiles
   if constexpr (kSw) {

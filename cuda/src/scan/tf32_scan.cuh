@@ -33,8 +33,7 @@ __global__ void __launch_bounds__(kTf32ScanThreads, 1)
   const int K = p.K, V = p.V, KP = raw_pitch(int(sizeof(E)), K);
   const int64_t stage_floats = tf32_scan_stage_floats(K, VS, int(sizeof(E)));
   // Stage st (chunk ch uses stage ch % kStages), each 16-byte aligned:
-  //   Kr [C][KP] E, Qr [C][KP] E, Vr [C][VS] E, Ts [C][kMatrixPitch], Ps [C][kMatrixPitch], sc
-  //   [5][C]
+  //   Kr, Qr [C][KP] E; Vr [C][VS] E; Ts, Ps [C][kMatrixPitch]; sc [5][C]
   // fp32 operands used as B are stored split once (hi, lo TF32 patterns), not per fragment.
   float* Ss = smem + kStages * stage_floats;                // [K][SP] state slice (fp32)
   uint32_t* Sh = reinterpret_cast<uint32_t*>(Ss + K * SP);  // [K][SP] its split

@@ -40,7 +40,7 @@ __device__ __forceinline__ void split_k_step(float (&d)[NT][3][4], const uint32_
 /// triangles, wy_packed_offset: k-blocks 0..mi) and a split B (Bh / Bl, [64][SP], NT tiles from
 /// column n0).
 /// mi must be warp-uniform: each row block has its own fully unrolled body (offsets fold into
-/// the instructions: fewer issued instructions, w48).
+/// the instructions: fewer issued instructions; docs/prefill_notes.md, 'Design decisions').
 template <int NT, int SP>
 __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char* Al,
                                                       const __nv_bfloat16* Bh,
@@ -74,9 +74,9 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
 /// prep's images, hi panels 16 KB apart, each lo panel 8 KB after its hi panel). B: a split tile
 /// (K-major, 128-byte swizzle, rows as wy_split_row from a column group's first row, b_panel bytes
 /// between 64-k panels); N counts its hi and lo rows (N / 16 column tiles), NH tiles a group. The
-/// result is
-/// A B_hi + A B_lo (+ A_lo B_hi + A_lo B_lo: the last, up to 2^-18 relative, is as large as the
-/// split's own error, and leaving it out costs more small wgmma than it saves; prefill_notes.md).
+/// result is A B_hi + A B_lo (+ A_lo B_hi + A_lo B_lo: the last, up to 2^-18 relative, is as large
+/// as the split's own error, and leaving it out costs more small wgmma than it saves;
+/// docs/prefill_notes.md, 'Design decisions').
 template <int KSTEPS, int N, int NH, bool kTransA, bool kALo, int kAPanel>
 __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, const char* B,
                                                int b_panel, float (&r)[N / 16][4]) {
@@ -87,10 +87,10 @@ __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, 
   wgmma_reg_fence(d);
   wgmma_fence();
   // The descriptors of k-step 0; every later k-step (and A's lo part) starts a fixed number of
-  // bytes further, added to the start-address field (wgmma_desc_advance): rebuilding each
-  // descriptor from its address cost ~10 instructions a k-step (w47). kTransA: rows = tile columns
-  // m0.. (panel m0 / 64), k = tile rows 16 ks.. (8-row groups 1024 B apart); else rows = tile rows
-  // m0.., k = tile columns 16 ks.. (panel ks / 4).
+  // bytes further, added to the start-address field (wgmma_desc_advance), which takes fewer
+  // instructions than rebuilding each descriptor from its address (docs/prefill_notes.md, 'Design
+  // decisions'). kTransA: rows = tile columns m0.. (panel m0 / 64), k = tile rows 16 ks.. (8-row
+  // groups 1024 B apart); else rows = tile rows m0.., k = tile columns 16 ks.. (panel ks / 4).
   const uint64_t bd0 = wgmma_desc_sw128(B);
   const uint64_t ad0 = wgmma_desc_sw128(kTransA ? A + (m0 >> 6) * kAPanel : A + m0 * 128, kAPanel);
 #pragma unroll

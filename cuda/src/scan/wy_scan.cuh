@@ -3,8 +3,8 @@
 // (prep/wy_prep.cuh). With R the chunk's innovation, the scan reduces to the state-dependent
 // products (paper App. B, WY form, normalised keys):
 //   R = diag(beta kscale) (V - D_gamma K S)       U = T R
-//   O = diag(gamma qscale) Q S + (P T) R          S <- gamma_C S + K^T diag(kscale gamma_C /
-//   gamma_j) U
+//   O = diag(gamma qscale) Q S + (P T) R
+//   S <- gamma_C S + K^T diag(kscale gamma_C / gamma_j) U
 // Warps in three roles:
 //   8 recurrence warps (the chain from chunk to chunk; warpgroups 0 and 1): A. R (warpgroup j:
 //     column half j, at VS = 8 warpgroup 0 alone; warp w rows 16 (w % 4)); B. X = diag(update) T R;
@@ -50,8 +50,8 @@ namespace kla::kernels {
 // that pad the read-out warps and a producer warp of its own to as many barrier waits per chunk
 // as the recurrence warps (3):
 // compute-sanitizer racecheck behaves as if it ordered two warps' accesses by how many barriers
-// each has waited at (prefill_notes.md, w18), and without the padding reports accesses ordered by
-// the chunk's __syncthreads as hazards.
+// each has waited at (docs/prefill_notes.md, 'Design decisions'), and without the padding reports
+// accesses ordered by the chunk's __syncthreads as hazards.
 constexpr int kWyBarR = 1, kWyBarRec = 2, kWyBarPadRead = 3, kWyBarPadProducer = 4;
 
 /// L2 prefetch of one value slice's share of chunk cf's raw K and Q rows (key head h; rows past
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   };
 
   // The warp index through a shuffle from lane 0: the compiler then knows it is warp-uniform and
-  // keeps what derives from it (the wgmma descriptors above all) in uniform registers, which
-  // saved 4-8% (w47).
+  // keeps what derives from it (the wgmma descriptors above all) in uniform registers: fewer
+  // issued instructions (docs/prefill_notes.md, 'Design decisions').
   const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(~0u, tid >> 5, 0);
   const int g = lane >> 2, t4 = lane & 3;
   const int V = p.V, nslices = V / VS;
@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   // lines), so that the copies find them in L2 rather than DRAM.
   constexpr int kAhead = kStages + 1;
   // fp16 / fp32: chunk ch's K and Q images: wy_image_pair's address, written out (kTile is the
-  // image size, asserted with workspace.hpp's above; calling wy_image_pair here reorders the
-  // scan's instructions).
+  // image size, asserted in layout/wy_layout.hpp; calling wy_image_pair here reorders the scan's
+  // instructions).
   auto kq_image = [&](int ch) {
     return p.ws_images + (chunk_slot(p, n, sr, ch) * p.H + h) * (2 * kTile);
   };

@@ -4,10 +4,9 @@
 // One block per (sequence, value head, 64 value columns). Its first warpgroup runs the chain with
 // the state held transposed, S^T (64 value rows x KD keys, fp32), in its wgmma accumulators, so
 // that every state product takes S^T (or R^T, X^T) as the A operand from registers and streams
-// only B from shared memory (prefill_notes.md, w50: in isolation 2.4x cheaper a value column than
-// the [token][column] scan's step A; a chunk takes ~4,900 cycles for 64 columns against ~3,450
-// for 32 in that scan, session 10). Each product runs as two independent m64n64 accumulator
-// chains:
+// only B from shared memory: fewer shared-memory bytes and cycles a value column than the
+// [token][column] scan; it pays where its 64-column blocks fill the GPU (docs/prefill_notes.md,
+// 'Design decisions'). Each product runs as two independent m64n64 accumulator chains:
 //   (K S)^T = S^T K^T, (Q S)^T = S^T Q^T     m64n64k16 x KD / 16 k-steps x S^T hi, lo
 //   R^T = V^T diag(cu) - (K S)^T diag(cw)    (split hi + lo),  O^T = (Q S)^T diag(gamma qscale)
 //   X^T = (R^T T^T) diag(update),  O^T += R^T (P T)^T   m64n64k16 x 4, parts hi hi, hi lo, lo hi
@@ -16,7 +15,7 @@
 // triangles out as one K-major B tile [T; P T] (128 rows x 64 tokens, 128-byte swizzle; two
 // buffers), and writes out the O tile the chain leaves in shared memory. Laid out a chunk ahead,
 // not beside the chain's K S: tiles written through the generic proxy just before the wgmma that
-// read them cost that batch ~630 cycles a chunk (prefill_notes.md, w61). Same record,
+// read them slow that batch down (docs/prefill_notes.md, 'Design decisions'). Same record,
 // scalars and arithmetic as chunk_wy_scan_kernel (every product of split operands keeps hi hi +
 // hi lo + lo hi), in another order of summation.
 //
@@ -132,7 +131,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
     }
   // S^T split into hi + lo as the register A fragments of K S | Q S (k-step ks: keys 16 ks..),
   // made for chunk ch + 1 as soon as chunk ch's update lands, before the stage wait and the chunk
-  // barrier rather than after them (-1% of the scan at 4 x 8192 x 16; prefill_notes.md, w68).
+  // barrier rather than after them (docs/prefill_notes.md, 'Design decisions').
   // fp16: the accumulators hold row hr of S^T times sig[hr] (a power of two; 1 until the first
   // update), and kinv[hr] undoes the scale the split applied on (K S)^T and (Q S)^T. bf16: both
   // stay 1 (multiplications by them fold away).
@@ -375,8 +374,8 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       KLA_WY_MARK(5);
       // O^T into the O tile by transposing stmatrix (8 x 8 block (nb, hr): tokens 8 nb..,
       // columns 16 w + 8 hr..; lane l addresses token row l % 8 of block l / 8 of the four), for
-      // the helpers to write out: scattered 2-byte stores from here held the next chunk's wgmma
-      // back by ~1,800 cycles a chunk (prefill_notes.md, session 10).
+      // the helpers to write out 16 bytes a store, off the chain (docs/prefill_notes.md, 'Design
+      // decisions').
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         uint32_t r4[4];
