@@ -1,14 +1,16 @@
-"""Thin ctypes binding of the KLA C ABI (cuda/include/kla/kla.h, KLA_ABI_VERSION 3).
+"""Thin ctypes binding of the KLA C ABI (cuda/include/kla/kla.h, KLA_ABI_VERSION 4).
 
 Nothing here compiles against torch: tensors are passed as raw device pointers and element
 strides, the stream as the integer handle of torch.cuda.current_stream().cuda_stream.
 
-    lib = KlaLibrary("path/to/libkla_cuda.so")   # checks the struct layout against the library
+    lib = KlaLibrary("path/to/libkla_cuda.so.4")  # checks the ABI and struct layout
     p = lib.params()                              # kla_params_init defaults
     ...fill p...
     lib.chunk_forward(p, stream)                  # raises KlaError on a non-zero status
 
-The layout of kla_params is mirrored field by field below. Two checks keep it honest:
+The layout of kla_params is mirrored field by field below. Three checks keep it honest:
+  * kla_abi_version() must equal ABI_VERSION (the library refuses params stamped for another
+    layout anyway: KLA_ERROR_ABI_MISMATCH);
   * the offsets ctypes computes must equal EXPECTED_OFFSETS (read off kla.h with offsetof on
     x86-64 / LP64), so an edit here that moves a field fails at import;
   * at load, kla_params_init (which memsets sizeof(kla_params) bytes, then sets defaults) runs
@@ -17,19 +19,22 @@ The layout of kla_params is mirrored field by field below. Two checks keep it ho
     the struct fails before anything is launched.
 """
 import ctypes
-from ctypes import POINTER, c_char_p, c_float, c_int, c_int64, c_size_t, c_void_p
+from ctypes import POINTER, c_char, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_uint32, c_void_p
 
-ABI_VERSION = 2
+ABI_VERSION = 4
 
 DTYPE_FP32, DTYPE_BF16, DTYPE_FP16 = 0, 1, 2
 COEFF_KACZMARZ, COEFF_GIVEN = 0, 1
 READOUT_SCALE, READOUT_Q_L2NORM = 0, 1
 FP32_MATH_ACCURATE, FP32_MATH_FAST = 0, 1
+PATH_AUTO, PATH_WY, PATH_WY_TRANSPOSED, PATH_TF32, PATH_GENERIC, PATH_TOKENWISE = range(6)
 SUCCESS = 0
 
 
 class KlaParams(ctypes.Structure):
     _fields_ = [
+        ("abi_version", c_uint32),
+        ("struct_size", c_uint32),
         ("dtype", c_int),
         ("batch", c_int64),
         ("seq_len", c_int64),
@@ -66,21 +71,41 @@ class KlaParams(ctypes.Structure):
         ("workspace", c_void_p),
         ("workspace_size", c_size_t),
         ("fp32_math", c_int),
+        ("path", c_int),
+        ("value_slice", c_int32),
+    ]
+
+
+class KlaPlan(ctypes.Structure):
+    _fields_ = [
+        ("path", c_int),
+        ("path_name", c_char_p),
+        ("chunk_len", c_int32),
+        ("value_slice", c_int32),
+        ("stages", c_int32),
+        ("threads", c_int32),
+        ("blocks", c_int64),
+        ("prep_blocks", c_int64),
+        ("smem_bytes", c_int64),
+        ("prep_smem_bytes", c_int64),
+        ("workspace_bytes", c_size_t),
+        ("reason", c_char * 768),
     ]
 
 
 # offsetof(kla_params, f) and sizeof(kla_params) from kla.h (gcc, x86-64).
-EXPECTED_SIZE = 352
+EXPECTED_SIZE = 368
 EXPECTED_OFFSETS = {
-    "dtype": 0, "batch": 8, "seq_len": 16, "num_heads": 24, "num_v_heads": 32, "head_dim_k": 40,
-    "head_dim_v": 48, "q": 56, "q_strides": 64, "k": 88, "k_strides": 96, "v": 120,
-    "v_strides": 128, "o": 152, "o_strides": 160, "g": 184, "g_strides": 192, "eta": 208,
-    "eta_strides": 216, "eta_value": 232, "eps": 236, "scale": 240, "coefficient": 244,
-    "readout": 248, "initial_state": 256, "final_state": 264, "state_pool": 272,
-    "pool_size": 280, "state_indices": 288, "state_indices_host": 296, "cu_seqlens": 304,
-    "cu_seqlens_host": 312, "num_seqs": 320, "workspace": 328, "workspace_size": 336,
-    "fp32_math": 344,
+    "abi_version": 0, "struct_size": 4, "dtype": 8, "batch": 16, "seq_len": 24, "num_heads": 32,
+    "num_v_heads": 40, "head_dim_k": 48, "head_dim_v": 56, "q": 64, "q_strides": 72, "k": 96,
+    "k_strides": 104, "v": 128, "v_strides": 136, "o": 160, "o_strides": 168, "g": 192,
+    "g_strides": 200, "eta": 216, "eta_strides": 224, "eta_value": 240, "eps": 244, "scale": 248,
+    "coefficient": 252, "readout": 256, "initial_state": 264, "final_state": 272,
+    "state_pool": 280, "pool_size": 288, "state_indices": 296, "state_indices_host": 304,
+    "cu_seqlens": 312, "cu_seqlens_host": 320, "num_seqs": 328, "workspace": 336,
+    "workspace_size": 344, "fp32_math": 352, "path": 356, "value_slice": 360,
 }
+assert ctypes.sizeof(KlaPlan) == 840, ctypes.sizeof(KlaPlan)
 
 assert ctypes.sizeof(KlaParams) == EXPECTED_SIZE, ctypes.sizeof(KlaParams)
 for _name, _off in EXPECTED_OFFSETS.items():
@@ -113,7 +138,13 @@ class KlaLibrary:
         lib.kla_last_error_message.restype = c_char_p
         lib.kla_version_string.argtypes = []
         lib.kla_version_string.restype = c_char_p
+        lib.kla_abi_version.argtypes = []
+        lib.kla_abi_version.restype = c_uint32
+        lib.kla_plan_chunk_forward.argtypes = [POINTER(KlaParams), POINTER(KlaPlan)]
+        lib.kla_plan_chunk_forward.restype = c_int
         self.version = lib.kla_version_string().decode()
+        if lib.kla_abi_version() != ABI_VERSION:
+            raise KlaError(-1, f"{path} is ABI {lib.kla_abi_version()}, kla_ctypes.py ABI {ABI_VERSION}")
         self._check_layout()
 
     def _check_layout(self):
@@ -128,9 +159,10 @@ class KlaLibrary:
         p = KlaParams.from_buffer_copy(bytes(buf[:size]))
         if bytes(buf[size - 8:size]) != bytes(8):  # last field: zeroed by the library's memset
             raise KlaError(-1, f"kla_params is smaller in {self.path} than in kla_ctypes.py")
-        if not (p.eta_value == 1.0 and p.eps == 0.0 and p.scale == 0.0 and p.dtype == DTYPE_BF16
+        if not (p.abi_version == ABI_VERSION and p.struct_size == size
+                and p.eta_value == 1.0 and p.eps == 0.0 and p.scale == 0.0 and p.dtype == DTYPE_BF16
                 and p.coefficient == COEFF_KACZMARZ and p.readout == READOUT_SCALE and p.batch == 0
-                and p.fp32_math == FP32_MATH_ACCURATE):
+                and p.fp32_math == FP32_MATH_ACCURATE and p.path == PATH_AUTO):
             raise KlaError(-1, "kla_params_init defaults are not where kla_ctypes.py expects them")
 
     def params(self):
@@ -148,6 +180,13 @@ class KlaLibrary:
 
     def workspace_size(self, p):
         return int(self.lib.kla_workspace_size(ctypes.byref(p)))
+
+    def plan_chunk_forward(self, p):
+        """The plan kla_chunk_forward would run (path, tiling, reason) as a dict."""
+        plan = KlaPlan()
+        self._check(self.lib.kla_plan_chunk_forward(ctypes.byref(p), ctypes.byref(plan)))
+        return {"path": plan.path_name.decode(), "value_slice": plan.value_slice,
+                "stages": plan.stages, "blocks": plan.blocks, "reason": plan.reason.decode()}
 
     def chunk_forward(self, p, stream=0):
         self._check(self.lib.kla_chunk_forward(ctypes.byref(p), c_void_p(stream)))

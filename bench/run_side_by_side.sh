@@ -47,7 +47,8 @@ if [[ ${1:-} == stage ]]; then
   commit=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
   dirty=$(git -C "$ROOT" status --porcelain --untracked-files=all -- cuda bench 2>/dev/null |
     wc -l)
-  cuda_sha=$(cat "$ROOT"/cuda/include/kla/*.h "$ROOT"/cuda/src/* | sha256sum | cut -c1-16)
+  cuda_sha=$(find "$ROOT"/cuda/include "$ROOT"/cuda/src -type f | sort | xargs cat | sha256sum |
+    cut -c1-16)
   cat >"$DIST/BUILD_INFO.json" <<EOF
 {"commit": "$commit", "uncommitted_files_in_cuda_bench": $dirty, "cuda_sources_sha256": "$cuda_sha",
  "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "nvcc": "$("$NVCC" --version | tail -1)",
@@ -81,7 +82,7 @@ main() {
 
   echo "===== side_by_side.py"
   timeout "${KLA_SBS_TIMEOUT:-500}" python3 bench/side_by_side.py \
-    --lib "$DIST/libkla_cuda.so.0" --out "$OUTDIR" --budget "${KLA_SBS_BUDGET:-450}"
+    --lib "$DIST/libkla_cuda.so" --out "$OUTDIR" --budget "${KLA_SBS_BUDGET:-450}"
   local rc=$?
   echo "side_by_side rc=$rc"
   python3 bench/side_by_side.py --plot "$OUTDIR" || echo "plotting failed"

@@ -355,6 +355,10 @@ class Runner:
              "floor": floor_ms, "workspace_MB": 0 if ws is None else ws.numel() / 1e6}
         self.res["prefill"].append(r)
         st = self.stream
+        # The plan the timed calls run (kla_plan_chunk_forward: path, slice, why).
+        plan = self.lib.plan_chunk_forward(first["p"])
+        r["plan"] = f"{plan['path']}/{plan['value_slice']}"
+        r["plan_reason"] = plan["reason"]
         r["ours"] = self.median_ms(lambda i: self.lib.chunk_forward(sets[i % n]["p"], st()))
         r["ours_frac"] = floor_ms / r["ours"]
         self.save()
@@ -367,7 +371,7 @@ class Runner:
         self.lib.chunk_forward(s["p"], st())
         r["rel_rms_ours_fla"] = rel_rms(s["o"], self.fla_prefill(s))
         r["ours_finite"] = bool(torch.isfinite(s["o"]).all().item())
-        log(f"prefill {dname} {B}x{T}x{H} K{K} V{V}: ours {r['ours']:.3f} ms, FLA {r['fla']:.3f} "
+        log(f"prefill {dname} {B}x{T}x{H} K{K} V{V} [{r['plan']}]: ours {r['ours']:.3f} ms, FLA {r['fla']:.3f} "
             f"ms (+beta {r['fla_beta']:.3f}), FLA/ours {r['ratio']:.2f}, floor {floor_ms:.3f} ms "
             f"({100 * r['ours_frac']:.0f}% / {100 * r['fla_frac']:.0f}%), rel RMS "
             f"{r['rel_rms_ours_fla']:.1e}, sets {n}")

@@ -45,6 +45,7 @@ LOG=$OUTDIR/suite.log
 : >"$LOG"
 export LD_LIBRARY_PATH=$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 SUMMARY=()
+FAILED=()
 
 nvidia-smi -L 2>&1 | tee -a "$LOG"
 
@@ -67,31 +68,33 @@ run() {
   # racecheck prints its own summary line: the hazards it found.
   [[ -z $errs ]] && errs=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+ hazards' "$tmp" | tail -1 |
     grep -Eo '[0-9]+' | head -1)
+  # The path ledger of a GPU test (tests/cuda/path_pin.hpp): which plans ran, how many refused.
+  local paths
+  paths=$(grep -Eo '^kla paths \(pin [^)]*\):.*' "$tmp" | tail -1 | sed 's/^kla paths //')
   tail -n 25 "$tmp"
   rm -f "$tmp"
-  SUMMARY+=("$(printf '| %-22s | %3s | %6s | %6s | %7s | %9s | %5ss |' "$name" "$rc" \
-    "${passed:--}" "${failed:-0}" "${skipped:-0}" "${errs:--}" "$((SECONDS - t0))")")
+  [[ $rc -ne 0 ]] && FAILED+=("$name (rc $rc)")
+  SUMMARY+=("$(printf '| %-24s | %3s | %6s | %6s | %7s | %9s | %5ss | %s |' "$name" "$rc" \
+    "${passed:--}" "${failed:-0}" "${skipped:-0}" "${errs:--}" "$((SECONDS - t0))" "${paths:--}")")
 }
 
 run validate 120 "$DIST/test_cuda_validate"
 run kernels 400 "$DIST/test_cuda_kernels"
 run props 400 "$DIST/test_cuda_props"
-# The other chunkwise paths on the same GPU (docs/api.md, KLA_CHUNK_PATH): the WY scan with
-# 32-column slices (chosen only for many heads), with 16 (small problems at K >= 96 take 8 by
-# default) and with 8 (three copy stages) on every shape it takes, the transposed scan (wy64:
-# bf16 / fp16, 64-column slices; the default only where its blocks fill the GPU, so its accuracy
-# table is a step of its own), and the sm_80-level TF32 path.
-KLA_CHUNK_PATH=wy16 run kernels-wy16 400 "$DIST/test_cuda_kernels"
-KLA_CHUNK_PATH=wy8 run kernels-wy8 400 "$DIST/test_cuda_kernels"
-KLA_CHUNK_PATH=wy32 run kernels-wy32 400 "$DIST/test_cuda_kernels"
-KLA_CHUNK_PATH=wy32 run props-wy32 400 "$DIST/test_cuda_props"
-KLA_CHUNK_PATH=wy64 run kernels-wy64 400 "$DIST/test_cuda_kernels"
-KLA_CHUNK_PATH=wy64 run props-wy64 400 "$DIST/test_cuda_props"
-KLA_CHUNK_PATH=portable run kernels-portable 400 "$DIST/test_cuda_kernels"
-KLA_CHUNK_PATH=portable run props-portable 400 "$DIST/test_cuda_props"
+# Every chunkwise path pinned through kla_params.path / value_slice (--kla_path, the tests' flag;
+# tests/cuda/path_pin.hpp): each call asks the plan first, runs the pinned path where it applies
+# (the plan asserted) and counts the calls it refuses; a step whose path never ran fails. The WY
+# scan with 16, 8 (K >= 96) and 32-column slices, the transposed scan (bf16 / fp16), the TF32 path
+# and the generic kernel.
+for path in wy16 wy8 wy32 wy_transposed tf32 generic; do
+  run "kernels-$path" 400 "$DIST/test_cuda_kernels" "--kla_path=$path"
+done
+for path in wy32 wy_transposed tf32; do
+  run "props-$path" 400 "$DIST/test_cuda_props" "--kla_path=$path"
+done
 KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
-KLA_CHUNK_PATH=wy64 KLA_ACCURACY_OUT=$OUTDIR/accuracy-wy64.md run accuracy-wy64 400 \
-  "$DIST/test_cuda_accuracy"
+KLA_ACCURACY_OUT=$OUTDIR/accuracy-wy_transposed.md run accuracy-wy_transposed 400 \
+  "$DIST/test_cuda_accuracy" --kla_path=wy_transposed
 run example_c 60 "$DIST/kla_example_c"
 run example_cpp 60 "$DIST/kla_example_cpp"
 if command -v compute-sanitizer >/dev/null; then
@@ -101,12 +104,12 @@ if command -v compute-sanitizer >/dev/null; then
   run memcheck-props 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_props"
   run initcheck 400 compute-sanitizer --tool initcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 9 "$DIST/test_cuda_kernels"
-  KLA_CHUNK_PATH=wy32 run memcheck-wy32 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$DIST/test_cuda_kernels"
-  KLA_CHUNK_PATH=wy64 run memcheck-wy64 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$DIST/test_cuda_kernels"
-  KLA_CHUNK_PATH=wy64 run racecheck-wy64 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
-    "$DIST/test_cuda_kernels"
+  run memcheck-wy32 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$DIST/test_cuda_kernels" --kla_path=wy32
+  run memcheck-wy_transposed 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$DIST/test_cuda_kernels" --kla_path=wy_transposed
+  run racecheck-wy_transposed 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$DIST/test_cuda_kernels" --kla_path=wy_transposed
 else
   SUMMARY+=("| sanitizers             | compute-sanitizer not found |")
 fi
@@ -120,9 +123,17 @@ run wgmma_latency 60 "$DIST/kla_wgmma_latency"
 {
   echo
   [[ -f $OUTDIR/accuracy.md ]] && { echo "accuracy (relative RMS vs MPFR, T=2048, K=V=128):"; cat "$OUTDIR/accuracy.md"; echo; }
-  [[ -f $OUTDIR/accuracy-wy64.md ]] && { echo "accuracy, KLA_CHUNK_PATH=wy64 (bf16 / fp16 chunk rows: the transposed scan):"; cat "$OUTDIR/accuracy-wy64.md"; echo; }
+  [[ -f $OUTDIR/accuracy-wy_transposed.md ]] && { echo "accuracy, --kla_path=wy_transposed (bf16 / fp16 chunk rows: the transposed scan):"; cat "$OUTDIR/accuracy-wy_transposed.md"; echo; }
   [[ -f $OUTDIR/bench.md ]] && { cat "$OUTDIR/bench.md"; echo; }
-  echo "| step                   |  rc | passed | failed | skipped | sanitizer | time  |"
-  echo "|------------------------|-----|--------|--------|---------|-----------|-------|"
+  echo "| step                     |  rc | passed | failed | skipped | sanitizer | time  | paths (plan/slice x calls; refused) |"
+  echo "|--------------------------|-----|--------|--------|---------|-----------|-------|-----|"
   printf '%s\n' "${SUMMARY[@]}"
+  echo
+  if ((${#FAILED[@]})); then
+    echo "gpu_suite: FAILED steps: ${FAILED[*]}"
+  else
+    echo "gpu_suite: every step passed"
+  fi
 } | tee "$OUTDIR/summary.md"
+# Non-zero when any step failed, so a caller (or CI on a GPU machine) cannot miss it.
+((${#FAILED[@]} == 0))

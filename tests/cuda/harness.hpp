@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "kernel_inputs.hpp"
+#include "path_pin.hpp"
 #include "kla/kla.h"
 #include "kla/ref/scalar.hpp"
 #include "kla/ref/tensor.hpp"
@@ -259,8 +260,9 @@ inline const char* entry_name(Entry e) {
   return e == Entry::chunk ? "chunk" : "tokenwise";
 }
 
+/// The entry point; chunkwise calls go through the pinned path (path_pin.hpp).
 inline kla_status call(Entry e, const kla_params& p, cudaStream_t s = nullptr) {
-  return e == Entry::chunk ? kla_chunk_forward(&p, s) : kla_tokenwise_forward(&p, s);
+  return e == Entry::chunk ? chunk_forward_pinned(p, s) : kla_tokenwise_forward(&p, s);
 }
 
 /// Runs an entry point on a problem; throws on a failing status.

@@ -89,6 +89,11 @@ TEST(CudaKernels, ChunkWithoutWorkspaceUsesGenericKernel) {
     c.seed = 41 + int(dt);
     const Data d = make_data(c);
     DeviceProblem dp(d, /*with_workspace=*/false);
+    kla_params p = dp.params();
+    kla_plan plan{};
+    ASSERT_EQ(kla_plan_chunk_forward(&p, &plan), KLA_SUCCESS) << kla_last_error_message();
+    EXPECT_EQ(plan.path, KLA_PATH_GENERIC) << plan.reason;
+    EXPECT_NE(std::strstr(plan.reason, "workspace"), nullptr) << plan.reason;
     const Outputs got = run_device(dp, Entry::chunk);
     const Comparison cmp = compare(got, run_reference<Mpfr>(d), d);
     EXPECT_TRUE(cmp.ok) << cmp.report;
@@ -324,6 +329,115 @@ TEST(CudaKernels, InPlaceStateUpdate) {
     EXPECT_TRUE(same_bits(sd, sep.state)) << entry_name(e);
     cudaFree(s);
   }
+}
+
+// Every chunkwise path requested through kla_params.path (on the GPU suite's device: the WY paths
+// need sm_90a, so elsewhere they must be refused with the plan's reason), against MPFR: the
+// default run covers every path without --kla_path.
+TEST(CudaKernels, EveryRequestedPathAgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  struct Case {
+    kla_path path;
+    int32_t vs;
+    kla_dtype dt;
+    int K, V;
+  };
+  const Case cases[] = {{KLA_PATH_WY, 16, KLA_DTYPE_BF16, 128, 64},
+                        {KLA_PATH_WY, 32, KLA_DTYPE_FP16, 64, 64},
+                        {KLA_PATH_WY, 8, KLA_DTYPE_BF16, 96, 48},
+                        {KLA_PATH_WY_TRANSPOSED, 0, KLA_DTYPE_BF16, 128, 128},
+                        {KLA_PATH_WY_TRANSPOSED, 64, KLA_DTYPE_FP16, 64, 64},
+                        {KLA_PATH_TF32, 8, KLA_DTYPE_FP32, 128, 32},
+                        {KLA_PATH_TF32, 32, KLA_DTYPE_BF16, 64, 64},
+                        {KLA_PATH_GENERIC, 16, KLA_DTYPE_FP16, 32, 48},
+                        {KLA_PATH_GENERIC, 32, KLA_DTYPE_FP32, 128, 64}};
+  kla_device_info dev{};
+  ASSERT_EQ(kla_device_info_get(0, &dev), KLA_SUCCESS) << kla_last_error_message();
+  for (const Case& k : cases) {
+    Config c;
+    c.dtype = k.dt;
+    c.B = 2, c.T = 150, c.H = 1, c.HV = 2, c.K = k.K, c.V = k.V;
+    c.eps = 1e-6f;
+    c.seed = 101 + int(k.path) * 7 + k.vs;
+    const Data d = make_data(c);
+    DeviceProblem dp(d);
+    kla_params p = dp.params();
+    p.path = k.path, p.value_slice = k.vs;
+    kla_plan plan{};
+    const kla_status st = kla_plan_chunk_forward(&p, &plan);
+    const bool wy = k.path == KLA_PATH_WY || k.path == KLA_PATH_WY_TRANSPOSED;
+    if (wy && dev.compute_major != 9) {
+      EXPECT_EQ(st, KLA_ERROR_UNSUPPORTED_PATH);
+      continue;
+    }
+    ASSERT_EQ(st, KLA_SUCCESS) << kla_path_name(k.path) << ": " << kla_last_error_message();
+    EXPECT_EQ(plan.path, k.path) << plan.reason;
+    if (k.vs) {
+      EXPECT_EQ(plan.value_slice, k.vs) << plan.reason;
+    }
+    dp.poison();
+    ASSERT_EQ(kla_chunk_forward(&p, nullptr), KLA_SUCCESS) << kla_last_error_message();
+    KLA_CUDA_CHECK(cudaDeviceSynchronize());
+    Outputs got;
+    const auto o = dp.download_o();
+    got.o.assign(o.begin(), o.end());
+    const auto sf = dp.download_state();
+    got.state.assign(sf.begin(), sf.end());
+    const Comparison cmp = compare(got, run_reference<Mpfr>(d), d);
+    EXPECT_TRUE(cmp.ok) << plan.path_name << "/" << plan.value_slice << " " << cmp.report;
+    std::printf("  [%s/%d] %s\n", plan.path_name, plan.value_slice, cmp.report.c_str());
+  }
+}
+
+// A request the call cannot honour is an error naming the path, and nothing is written.
+TEST(CudaKernels, InapplicablePathRefusedWritesNothing) {
+  KLA_REQUIRE_GPU();
+  Config c;
+  c.dtype = KLA_DTYPE_BF16, c.B = 1, c.T = 70, c.H = 1, c.HV = 1, c.K = 64, c.V = 48;
+  DeviceProblem dp(make_data(c));
+  kla_params p = dp.params();
+  const struct {
+    kla_path path;
+    int32_t vs;
+  } bad[] = {
+      {KLA_PATH_WY, 8}, {KLA_PATH_WY_TRANSPOSED, 0}, {KLA_PATH_TF32, 64}, {KLA_PATH_TOKENWISE, 0}};
+  for (const auto& b : bad) {
+    dp.poison();
+    p.path = b.path, p.value_slice = b.vs;
+    EXPECT_EQ(kla_chunk_forward(&p, nullptr), KLA_ERROR_UNSUPPORTED_PATH) << kla_path_name(b.path);
+    EXPECT_NE(std::strstr(kla_last_error_message(), kla_path_name(b.path)), nullptr)
+        << kla_last_error_message();
+    KLA_CUDA_CHECK(cudaDeviceSynchronize());
+    for (float x : dp.download_o()) ASSERT_TRUE(std::isnan(x));
+    for (float x : dp.download_state()) ASSERT_TRUE(std::isnan(x));
+  }
+}
+
+// The stride of an extent-1 dimension is never used and not validated: with B = 1 a garbage B
+// stride must not change the plan (the tensor maps stand another stride in for it) nor the result.
+TEST(CudaKernels, UnusedStrideOfExtentOneIgnored) {
+  KLA_REQUIRE_GPU();
+  Config c;
+  c.dtype = KLA_DTYPE_BF16, c.B = 1, c.T = 130, c.H = 2, c.HV = 2, c.K = 128, c.V = 64;
+  c.seed = 77;
+  const Data d = make_data(c);
+  DeviceProblem dp(d);
+  kla_params p = dp.params();
+  kla_plan clean{}, odd{};
+  ASSERT_EQ(kla_plan_chunk_forward(&p, &clean), KLA_SUCCESS) << kla_last_error_message();
+  p.q_strides[0] = 3, p.k_strides[0] = 0, p.v_strides[0] = 5;  // B = 1: never used
+  ASSERT_EQ(kla_plan_chunk_forward(&p, &odd), KLA_SUCCESS) << kla_last_error_message();
+  EXPECT_EQ(odd.path, clean.path) << odd.reason;
+  dp.poison();
+  ASSERT_EQ(call(Entry::chunk, p), KLA_SUCCESS) << kla_last_error_message();
+  KLA_CUDA_CHECK(cudaDeviceSynchronize());
+  Outputs got;
+  const auto o = dp.download_o();
+  got.o.assign(o.begin(), o.end());
+  const auto sf = dp.download_state();
+  got.state.assign(sf.begin(), sf.end());
+  const Comparison cmp = compare(got, run_reference<Mpfr>(d), d);
+  EXPECT_TRUE(cmp.ok) << odd.path_name << " " << cmp.report;
 }
 
 TEST(CudaKernels, ErrorLaunchesNothing) {

@@ -289,6 +289,7 @@ int main(int argc, char** argv) {
   // Property runs call the MPFR reference: keep the default case count modest and skip
   // shrinking (each shrink step reruns the reference); RC_PARAMS overrides both.
   setenv("RC_PARAMS", "max_success=40 noshrink=1", 0);
+  kla::test::parse_path_flag(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -1,5 +1,6 @@
 // Downstream use of kla::cuda: link the installed shared library and validate a params struct
-// on the host (needs no GPU): a null q must be refused with a message naming it.
+// on the host (needs no GPU): the library's ABI is the header's, and a null q must be refused with
+// a message naming it.
 #include <cstdio>
 #include <cstring>
 
@@ -17,7 +18,8 @@ int main() {
   p.head_dim_v = 64;
   const kla_status s = kla_validate(&p);
   const char* msg = kla_last_error_message();
-  const bool ok = s == KLA_ERROR_NULL_POINTER && std::strstr(msg, "q is NULL") != nullptr;
+  const bool ok = kla_abi_version() == KLA_ABI_VERSION && s == KLA_ERROR_NULL_POINTER &&
+                  std::strstr(msg, "q is NULL") != nullptr;
   std::printf("kla %s downstream cuda: validate -> %s (%s): %s\n", kla_version_string(),
               kla_status_string(s), msg, ok ? "ok" : "FAILED");
   return ok ? 0 : 1;
