@@ -40,6 +40,7 @@
 #include "arch/profile.cuh"
 #include "arch/split.cuh"
 #include "arch/wgmma.cuh"
+#include "epilogue/state_io.cuh"
 #include "layout/wy_layout.hpp"
 #include "scan/wy_products.cuh"
 
@@ -176,15 +177,7 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
     fence_proxy_async_shared();  // for the wgmma reads after the next barrier
   };
   if (state_warp) {
-    if (slot.in)
-#pragma unroll
-      for (int nj = 0; nj < SNJ; ++nj)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = srow * 16 + g + hr * 8, cc = scol + nj * 8 + 2 * t4;
-          const float2 x = *reinterpret_cast<const float2*>(slot.in + int64_t(r) * V + c0 + cc);
-          sacc[nj][2 * hr] = x.x, sacc[nj][2 * hr + 1] = x.y;
-        }
+    if (slot.in) load_state_fragments(sacc, slot.in, V, srow * 16, c0, scol, g, t4);
     store_state_split(0);
   }
   __syncthreads();  // barriers initialised, state split visible
@@ -409,15 +402,7 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
 #ifdef KLA_WY_PROFILE
   if (prof_on) wy_profile_store(warp ? 1 : 0, prof, 7, nch);
 #endif
-  if (state_warp && slot.out)
-#pragma unroll
-    for (int nj = 0; nj < SNJ; ++nj)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = srow * 16 + g + hr * 8, cc = scol + nj * 8 + 2 * t4;
-        *reinterpret_cast<float2*>(slot.out + int64_t(r) * V + c0 + cc) =
-            make_float2(sacc[nj][2 * hr], sacc[nj][2 * hr + 1]);
-      }
+  if (state_warp && slot.out) store_state_fragments(slot.out, V, srow * 16, c0, scol, g, t4, sacc);
 #endif
 }
 

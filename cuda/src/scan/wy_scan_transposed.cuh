@@ -38,6 +38,7 @@
 #include "arch/profile.cuh"
 #include "arch/split.cuh"
 #include "arch/wgmma.cuh"
+#include "epilogue/state_io.cuh"
 #include "layout/wy_layout.hpp"
 #include "scan/wy_products.cuh"
 
@@ -399,16 +400,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
 #ifdef KLA_WY_PROFILE
   if (prof_on) wy_profile_store(0, prof, 7, nch);
 #endif
-  if (chain && slot.out)
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int key = 64 * pn + 8 * (i >> 2) + 2 * t4 + (i & 1),
-                  col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
-        if (key < KD)
-          slot.out[int64_t(key) * V + col] = sT[pn][i] * pow2_inverse(sig[(i >> 1) & 1]);
-      }
+  if (chain && slot.out) store_state_transposed<KD, kPanels>(slot.out, V, c0, warp, g, t4, sT, sig);
 #endif
 }
 
