@@ -13,7 +13,7 @@ The layout of kla_params is mirrored field by field below. Three checks keep it 
     layout anyway: KLA_ERROR_ABI_MISMATCH);
   * the offsets ctypes computes must equal EXPECTED_OFFSETS (read off kla.h with offsetof on
     x86-64 / LP64), so an edit here that moves a field fails at import;
-  * at load, kla_params_init (which memsets sizeof(kla_params) bytes, then sets defaults) runs
+  * at load, kla_params_init_abi (which memsets sizeof(kla_params) bytes, then sets defaults) runs
     on a buffer with sentinel bytes after our struct: the library must zero exactly our size
     and put eta_value = 1 at our eta_value offset, so a header change that resizes or reorders
     the struct fails before anything is launched.
@@ -123,8 +123,8 @@ class KlaLibrary:
     def __init__(self, path):
         self.path = path
         self.lib = lib = ctypes.CDLL(path)
-        lib.kla_params_init.argtypes = [c_void_p]
-        lib.kla_params_init.restype = None
+        lib.kla_params_init_abi.argtypes = [c_void_p, c_uint32, c_uint32]
+        lib.kla_params_init_abi.restype = None
         for fn in (lib.kla_chunk_forward, lib.kla_tokenwise_forward):
             fn.argtypes = [POINTER(KlaParams), c_void_p]
             fn.restype = c_int
@@ -148,11 +148,11 @@ class KlaLibrary:
         self._check_layout()
 
     def _check_layout(self):
-        """kla_params_init must zero exactly sizeof(KlaParams) bytes and set our defaults."""
+        """kla_params_init_abi must zero exactly sizeof(KlaParams) bytes and set our defaults."""
         size = ctypes.sizeof(KlaParams)
         pad = 64
         buf = (ctypes.c_ubyte * (size + pad))(*([0xA5] * (size + pad)))
-        self.lib.kla_params_init(ctypes.addressof(buf))
+        self.lib.kla_params_init_abi(ctypes.addressof(buf), ABI_VERSION, size)
         tail = bytes(buf[size:])
         if tail != bytes([0xA5] * pad):
             raise KlaError(-1, f"kla_params is larger in {self.path} than in kla_ctypes.py ({size})")
@@ -167,7 +167,7 @@ class KlaLibrary:
 
     def params(self):
         p = KlaParams()
-        self.lib.kla_params_init(ctypes.byref(p))
+        self.lib.kla_params_init_abi(ctypes.byref(p), ABI_VERSION, ctypes.sizeof(KlaParams))
         return p
 
     def _check(self, status):

@@ -26,10 +26,12 @@
  * a request the call cannot honour is an error (KLA_ERROR_UNSUPPORTED_PATH), never a fallback.
  * The library reads no environment variables.
  *
- * ABI: kla_params_init stamps abi_version and struct_size; every entry point refuses a struct
- * stamped for another layout (KLA_ERROR_ABI_MISMATCH), so a program built against an older kla.h
- * is detected. Bindings compare KLA_ABI_VERSION with kla_abi_version() once at load. The
- * library's SONAME carries the ABI version (libkla_cuda.so.<KLA_ABI_VERSION>).
+ * ABI: kla_params_init stamps abi_version and struct_size with the caller's header values (it is a
+ * macro over kla_params_init_abi); every entry point refuses a struct stamped for another layout
+ * (KLA_ERROR_ABI_MISMATCH), so a program built against another kla.h is detected at its first
+ * call. Bindings compare KLA_ABI_VERSION with kla_abi_version() once at load. The library's
+ * SONAME carries the ABI version (libkla_cuda.so.<KLA_ABI_VERSION>), so a program linked against
+ * an older library does not load this one at all.
  */
 #ifndef KLA_KLA_H_
 #define KLA_KLA_H_
@@ -69,7 +71,7 @@ typedef enum kla_status {
   KLA_ERROR_CUDA = 12,          /* the CUDA runtime reported an error (message has it) */
   KLA_ERROR_UNSUPPORTED_PATH = 13, /* the requested path / tiling cannot run this call, or no
                                       path can (the message says why) */
-  KLA_ERROR_ABI_MISMATCH = 14      /* params not stamped by this library's kla_params_init */
+  KLA_ERROR_ABI_MISMATCH = 14      /* params stamped for another kla.h (kla_params_init) */
 } kla_status;
 
 typedef enum kla_dtype { KLA_DTYPE_FP32 = 0, KLA_DTYPE_BF16 = 1, KLA_DTYPE_FP16 = 2 } kla_dtype;
@@ -108,7 +110,8 @@ typedef enum kla_path {
 } kla_path;
 
 typedef struct kla_params {
-  /* Stamped by kla_params_init: KLA_ABI_VERSION and sizeof(kla_params). Checked at every entry. */
+  /* Stamped by kla_params_init: the caller's KLA_ABI_VERSION and sizeof(kla_params). Checked
+   * first at every entry. */
   uint32_t abi_version;
   uint32_t struct_size;
 
@@ -207,10 +210,15 @@ typedef struct kla_device_info {
   int32_t tensor_maps;        /* 1: the driver encodes tensor maps (the WY paths need them) */
 } kla_device_info;
 
-/* Zeroes *p, stamps abi_version / struct_size and sets the defaults: eta_value 1, eps 0, scale 0
- * (meaning K^-1/2 once head_dim_k is known), Kaczmarz coefficient, scale read-out, fp32 ACCURATE,
- * path AUTO. */
-KLA_API void kla_params_init(kla_params* p);
+/* kla_params_init(p): zeroes *p, stamps abi_version / struct_size with the values of the kla.h the
+ * CALLER was compiled with (the macro passes them) and sets the defaults: eta_value 1, eps 0, scale
+ * 0 (meaning K^-1/2 once head_dim_k is known), Kaczmarz coefficient, scale read-out, fp32
+ * ACCURATE, path AUTO. Where the caller's layout is not the library's, the library writes only
+ * the stamp (never more than the caller's struct_size bytes), so every entry point then refuses
+ * the struct with KLA_ERROR_ABI_MISMATCH instead of reading it wrongly. Bindings that mirror the
+ * struct call kla_params_init_abi with their own ABI version and size. */
+KLA_API void kla_params_init_abi(kla_params* p, uint32_t abi_version, uint32_t struct_size);
+#define kla_params_init(p) kla_params_init_abi((p), KLA_ABI_VERSION, (uint32_t)sizeof(kla_params))
 
 /* Host-side validation only: needs no GPU and touches no device memory. */
 KLA_API kla_status kla_validate(const kla_params* p);

@@ -36,9 +36,10 @@ kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char*
 }
 
 kla_status plan_entry(const kla_params* p, bool chunk, kla_plan* out) {
+  if (kla_status s = kla_validate(p)) return s;
+  if (!out) return fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
   kla::plan::Plan plan;
   if (kla_status s = plan_for_current_device(p, chunk, plan)) return s;
-  if (!out) return fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
   kla::plan::to_c(plan, *out);
   return KLA_SUCCESS;
 }

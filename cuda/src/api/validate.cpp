@@ -133,11 +133,20 @@ bool head_dim_ok(int64_t d) {
 
 extern "C" {
 
-void kla_params_init(kla_params* p) {
+void kla_params_init_abi(kla_params* p, uint32_t abi_version, uint32_t struct_size) {
   if (!p) return;
+  if (abi_version != KLA_ABI_VERSION || struct_size != sizeof(kla_params)) {
+    // Another layout: write only the stamp (the first 8 bytes of every layout since ABI 4, and no
+    // more than the caller's struct holds), so kla_validate refuses the struct.
+    if (struct_size >= 2 * sizeof(uint32_t)) {
+      p->abi_version = abi_version;
+      p->struct_size = struct_size;
+    }
+    return;
+  }
   std::memset(p, 0, sizeof(*p));
-  p->abi_version = KLA_ABI_VERSION;
-  p->struct_size = sizeof(kla_params);
+  p->abi_version = abi_version;
+  p->struct_size = struct_size;
   p->dtype = KLA_DTYPE_BF16;
   p->eta_value = 1.0f;
   p->eps = 0.0f;
@@ -159,7 +168,7 @@ kla_status kla_validate(const kla_params* p) {
     return fail(KLA_ERROR_ABI_MISMATCH,
                 cat("params are stamped abi_version = ", p->abi_version, ", struct_size = ",
                     p->struct_size, "; this library is ABI ", KLA_ABI_VERSION, " (struct_size ",
-                    sizeof(kla_params), "): fill them with kla_params_init of this kla.h"));
+                    sizeof(kla_params), "): the caller was built against another kla.h"));
   const int dtype = enum_bits(p->dtype), coef = enum_bits(p->coefficient);
   const int readout = enum_bits(p->readout);
   if (dtype != KLA_DTYPE_FP32 && dtype != KLA_DTYPE_BF16 && dtype != KLA_DTYPE_FP16)
@@ -326,7 +335,9 @@ kla_status kla_validate(const kla_params* p) {
 size_t kla_workspace_size(const kla_params* p) {
   // Depends on sizes (batch / num_seqs, seq_len, num_heads, num_v_heads, head dims) and the
   // dtype; 0 where they are unusable.
-  if (!p || p->seq_len <= 0 || p->num_v_heads <= 0 || p->seq_len > INT32_MAX) return 0;
+  if (!p || p->abi_version != KLA_ABI_VERSION || p->struct_size != sizeof(kla_params) ||
+      p->seq_len <= 0 || p->num_v_heads <= 0 || p->seq_len > INT32_MAX)
+    return 0;
   // Head dims not set (<= 0): the size for the largest supported ones (256) plus the largest K
   // / Q images (K = 128, any dtype), so a buffer sized before the head dims are known serves
   // every call with these sizes. num_heads not set: num_v_heads (at least as many).

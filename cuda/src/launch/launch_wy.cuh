@@ -17,14 +17,8 @@ namespace kla::kernels {
 
 template <class E, int KD, int VS>
 cudaError_t launch_wy_scan(const KernelParams& p, cudaStream_t stream, const CUtensorMap& kmap,
-                           const CUtensorMap& qmap, const char*& what) {
+                           const CUtensorMap& qmap, const CUtensorMap& vmap, const char*& what) {
   constexpr int64_t bytes = wy_scan_smem_bytes(elem_of<E>(), KD, VS);
-  CUtensorMap vmap{};
-  if (wy_v_in_smem(elem_of<E>(), KD, VS) &&
-      !make_tile_map<E>(vmap, p.v, p.vs, p, p.V, p.HV, VS, false)) {
-    what = "the driver refused the tensor map of v";
-    return cudaErrorInvalidValue;
-  }
   const auto kern = chunk_wy_scan_kernel<E, KD, VS>;
   what = "the WY scan";
   const cudaError_t e =
@@ -42,12 +36,7 @@ cudaError_t launch_wy_scan(const KernelParams& p, cudaStream_t stream, const CUt
 template <class E, int KD>
 cudaError_t launch_wy_scan_transposed(const KernelParams& p, cudaStream_t stream,
                                       const CUtensorMap& kmap, const CUtensorMap& qmap,
-                                      const char*& what) {
-  CUtensorMap vmap{};
-  if (!make_tile_map<E>(vmap, p.v, p.vs, p, p.V, p.HV, kWyTColumns, true)) {
-    what = "the driver refused the tensor map of v";
-    return cudaErrorInvalidValue;
-  }
+                                      const CUtensorMap& vmap, const char*& what) {
   constexpr int64_t bytes = wy_t_smem_bytes(KD);
   const auto kern = chunk_wy_scan_transposed_kernel<E, KD>;
   what = "the transposed WY scan";
@@ -68,15 +57,24 @@ cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_
                       const char*& what) {
   constexpr bool kTransposable = !std::is_same_v<E, float> && KD % 64 == 0;
   const bool transposed = plan.path == KLA_PATH_WY_TRANSPOSED;
-  // K and Q by tensor copies: the bf16 scan (raw boxes) and the transposed scan; the fp16 / fp32
-  // [token][column] scan reads the prep's images instead.
-  CUtensorMap kmap{}, qmap{};
+  const int VS = plan.value_slice;
+  // Every tensor map first, so that a map the driver refuses leaves nothing launched. K and Q by
+  // tensor copies: the bf16 scan (raw boxes) and the transposed scan; the fp16 / fp32
+  // [token][column] scan reads the prep's images instead. V: the transposed scan's 64-column
+  // swizzled boxes, or the scan's slice where it goes through the stages (wy_v_in_smem).
+  CUtensorMap kmap{}, qmap{}, vmap{};
   if (std::is_same_v<E, __nv_bfloat16> || transposed) {
     if (!make_tile_map<E>(kmap, p.k, p.ks, p, KD, p.H, 64, true) ||
         !make_tile_map<E>(qmap, p.q, p.qs, p, KD, p.H, 64, true)) {
       what = "the driver refused the tensor map of k or q";
       return cudaErrorInvalidValue;
     }
+  }
+  const bool v_map = transposed || wy_v_in_smem(elem_of<E>(), KD, VS);
+  if (v_map &&
+      !make_tile_map<E>(vmap, p.v, p.vs, p, p.V, p.HV, transposed ? kWyTColumns : VS, transposed)) {
+    what = "the driver refused the tensor map of v";
+    return cudaErrorInvalidValue;
   }
   what = "the WY prep";
   constexpr int64_t prep_bytes = wy_prep_layout(elem_of<E>(), KD).bytes;
@@ -88,13 +86,13 @@ cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_
          size_t(prep_bytes), stream>>>(p, reinterpret_cast<char*>(p.ws));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   if constexpr (kTransposable)
-    if (transposed) return launch_wy_scan_transposed<E, KD>(p, stream, kmap, qmap, what);
-  switch (plan.value_slice) {
+    if (transposed) return launch_wy_scan_transposed<E, KD>(p, stream, kmap, qmap, vmap, what);
+  switch (VS) {
     case 8:
-      if constexpr (KD >= 96) return launch_wy_scan<E, KD, 8>(p, stream, kmap, qmap, what);
+      if constexpr (KD >= 96) return launch_wy_scan<E, KD, 8>(p, stream, kmap, qmap, vmap, what);
       break;
-    case 16: return launch_wy_scan<E, KD, 16>(p, stream, kmap, qmap, what);
-    case 32: return launch_wy_scan<E, KD, 32>(p, stream, kmap, qmap, what);
+    case 16: return launch_wy_scan<E, KD, 16>(p, stream, kmap, qmap, vmap, what);
+    case 32: return launch_wy_scan<E, KD, 32>(p, stream, kmap, qmap, vmap, what);
   }
   what = "the WY launcher (no kernel for the plan's tiling)";
   return cudaErrorInvalidConfiguration;

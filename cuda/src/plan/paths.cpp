@@ -60,7 +60,7 @@ std::string tensor_map_can_encode(const char* name, const int64_t (&st)[3], int6
 
 std::string wy_can_implement(const Problem& pb, const DeviceInfo& dev, const BuildInfo& build) {
   if (!build.sm90a) return "the library was built without sm_90a kernels (CUDA architecture 90a)";
-  if (dev.cc_major != 9)
+  if (dev.cc_major != 9 || dev.cc_minor != 0)
     return cat("compute capability ", dev.cc_major, ".", dev.cc_minor,
                ": the WY kernels are sm_90a code (9.0 only)");
   if (pb.elem == layout::Elem::F32 && !pb.fp32_fast)

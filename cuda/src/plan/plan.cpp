@@ -47,16 +47,16 @@ int64_t records_bytes(const Problem& pb) {
 // ---- WY -----------------------------------------------------------------------------------------
 
 /// The WY scan's slice width where none is requested: 32 columns halve the per-column traffic of
-/// the scan (every slice reads the chunk's record and K / Q tiles) and are taken while they leave
-/// about one block a multiprocessor; 8 columns where 16 would leave more than half the
-/// multiprocessors idle (few sequences and heads), K >= 96 only.
+/// the scan (every slice reads the chunk's record and K / Q tiles) and are taken while they still
+/// give at least one block for every two multiprocessors; 8 columns where 16 would leave more
+/// than half the multiprocessors idle (few sequences and heads), K >= 96 only.
 int wy_auto_slice(const Problem& pb, const DeviceInfo& dev, std::string& why) {
   const bool fits32 = wy_slice_can_implement(pb, dev, 32).empty();
   const int64_t b32 = pb.V % 32 == 0 ? pb.N * pb.HV * (pb.V / 32) : 0,
                 b16 = pb.N * pb.HV * (pb.V / 16);
   if (fits32 && b32 >= dev.sms / 2) {
-    why = cat(b32, " blocks of 32 columns still give about one block a multiprocessor (", dev.sms,
-              ")");
+    why = cat(b32, " blocks of 32 columns still give one block for every two of the ", dev.sms,
+              " multiprocessors");
     return 32;
   }
   if (wy_slice_can_implement(pb, dev, 8).empty() && b16 <= dev.sms / 2) {
@@ -235,12 +235,13 @@ kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInf
       out.reason = cat("wy_transposed as requested (", shape_summary(pb), ")");
       return KLA_SUCCESS;
     }
-    std::string why = "as requested";
+    std::string why;
     const int VS = vs ? vs : wy_auto_slice(pb, dev, why);
     if (auto s = wy_slice_can_implement(pb, dev, VS); !s.empty()) return refuse(want, s);
     fill_wy(pb, VS, out);
     out.reason =
-        cat("wy, ", VS, "-column slices (", why, "), as requested (", shape_summary(pb), ")");
+        vs ? cat("wy, ", VS, "-column slices as requested (", shape_summary(pb), ")")
+           : cat("wy as requested, ", VS, "-column slices (", why, "; ", shape_summary(pb), ")");
     return KLA_SUCCESS;
   }
   std::string declined;  // AUTO: why each preferred path declined
