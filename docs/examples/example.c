@@ -1,5 +1,6 @@
-/* example.c — the C example of docs/api.md: prefill a batch with kla_chunk_forward, then run
- * one decode step with kla_tokenwise_forward on the state left by the prefill (in place).
+/* example.c — the C example of docs/api.md: plan a prefill (print the path and the reason), run
+ * it with kla_chunk_forward, then one decode step with kla_tokenwise_forward on the state left by
+ * the prefill (in place); a path request that cannot run and a bad call are refused.
  * Exit status: 0 on success, 77 when no CUDA device exists (skipped), 1 on failure. */
 #include <math.h>
 #include <stdio.h>
@@ -75,10 +76,20 @@ int main(void) {
   set_layout(&p, T + 1);
   p.eps = 1e-6f;
   p.final_state = state; /* initial_state NULL: start from zero */
-  /* The chunkwise fast path needs a device workspace (NULL runs a slower kernel). */
+  /* The chunkwise fast paths need a device workspace (NULL: only the slower generic kernel). */
   p.workspace_size = kla_workspace_size(&p);
   if (cudaMalloc(&p.workspace, p.workspace_size) != cudaSuccess) return 1;
-  kla_status s = kla_chunk_forward(&p, NULL);
+  /* The plan: the path and tiling kla_chunk_forward runs for p on this device, and why; nothing
+   * is launched. p.path is AUTO (kla_params_init): the plan chooses. */
+  kla_plan plan;
+  kla_status s = kla_plan_chunk_forward(&p, &plan);
+  if (s != KLA_SUCCESS) {
+    fprintf(stderr, "kla_plan_chunk_forward: %s: %s\n", kla_status_string(s),
+            kla_last_error_message());
+    return 1;
+  }
+  printf("path %s: %s\n", plan.path_name, plan.reason);
+  s = kla_chunk_forward(&p, NULL);
   if (s != KLA_SUCCESS) {
     fprintf(stderr, "kla_chunk_forward: %s: %s\n", kla_status_string(s), kla_last_error_message());
     return 1;
@@ -101,7 +112,14 @@ int main(void) {
     return 1;
   }
 
-  /* 3. A bad call: the status names the problem, nothing is launched. */
+  /* 3. A path request runs that path or fails, never falls back: fp32 with fp32_math ACCURATE
+   *    is no call for the WY path (on any device), so nothing is launched or written. */
+  kla_params r = p;
+  r.path = KLA_PATH_WY;
+  const kla_status refused = kla_chunk_forward(&r, NULL);
+  printf("path wy -> %s: %s\n", kla_status_string(refused), kla_last_error_message());
+
+  /* 4. A bad call: the status names the problem, nothing is launched. */
   d.num_v_heads = 6;
   s = kla_tokenwise_forward(&d, NULL);
   printf("bad call -> %s: %s\n", kla_status_string(s), kla_last_error_message());
@@ -121,5 +139,5 @@ int main(void) {
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(g), cudaFree(o), cudaFree(state);
   cudaFree(p.workspace);
   free(hq), free(hk), free(hv), free(hg), free(ho);
-  return finite && s == KLA_ERROR_SHAPE_MISMATCH ? 0 : 1;
+  return finite && refused == KLA_ERROR_UNSUPPORTED_PATH && s == KLA_ERROR_SHAPE_MISMATCH ? 0 : 1;
 }

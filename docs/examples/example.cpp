@@ -1,6 +1,7 @@
 // example.cpp — the C++ example of docs/api.md: variable-length prefill in bf16 through the
-// thin C++ layer (kla/kla.hpp), errors as exceptions, on a caller's stream, then a CUDA graph
-// of one decode step replayed. Exit status: 0 success, 77 no CUDA device (skipped), 1 failure.
+// thin C++ layer (kla/kla.hpp), errors as exceptions, on a caller's stream: its plan first (the
+// path and why), a path request, then a CUDA graph of one decode step replayed.
+// Exit status: 0 success, 77 no CUDA device (skipped), 1 failure.
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -16,6 +17,7 @@ int main() {
     std::puts("example_cpp: no CUDA device, skipped");
     return 77;
   }
+  if (kla::cuda::abi_version() != KLA_ABI_VERSION) return 1;  // the library this header describes
   constexpr int H = 2, HV = 2, K = 128, V = 128;
   const std::vector<int32_t> cu = {0, 300, 301, 1000};  // three sequences packed in B = 1
   const int T = cu.back(), N = int(cu.size()) - 1;
@@ -68,10 +70,23 @@ int main() {
   p.cu_seqlens_host = cu.data();
   p.num_seqs = N;
   p.final_state = dstate;
-  p.workspace_size = kla_workspace_size(&p);  // chunkwise fast path (NULL: slower kernel)
+  p.workspace_size = kla_workspace_size(&p);  // the fast paths (NULL: only the generic kernel)
   cudaMalloc(&p.workspace, p.workspace_size);
   try {
+    // What will run, and why (nothing launched); then the call itself.
+    const kla_plan plan = kla::cuda::plan_chunk_forward(p);
+    std::printf("path %s: %s\n", plan.path_name, plan.reason);
     kla::cuda::chunk_forward(p, stream);
+
+    // A path request runs that path or is refused (never a fallback); whether the transposed WY
+    // scan applies depends on the device and the build, so ask without throwing.
+    kla::cuda::Params w = p;
+    w.path = KLA_PATH_WY_TRANSPOSED;
+    kla_plan wp{};
+    if (kla::cuda::try_plan_chunk_forward(w, wp) == KLA_SUCCESS)
+      std::printf("requested: %s\n", wp.reason);
+    else
+      std::printf("requested: %s\n", kla_last_error_message());
 
     // One decode token per sequence (reusing the first N tokens' inputs), captured once in a
     // graph and replayed: the entry point neither synchronises nor allocates.
