@@ -1,19 +1,31 @@
-// Fuzz target 1: kla_validate (cuda/src/validate.cpp, compiled in from its source path) on
-// parameter structs built from arbitrary bytes.
+// Fuzz target 1: kla_validate (cuda/src/api/validate.cpp) and the host-only plan,
+// kla_plan_chunk_forward_for (cuda/src/plan/), compiled in from their source paths, on parameter
+// structs built from arbitrary bytes.
 //
 // Each input first builds a struct that is valid by construction (dtype, B, T, H, HV, K, V,
 // padded or time-major input layouts, optional gates, varlen, states or a state pool) and
 // checks that it is accepted; then it applies up to four mutations (any size, stride, enum
 // (out-of-range values included), float, pointer, cu_seqlens / pool entry or count), then picks
-// the device workspace (none, valid, or any pointer and size) and checks:
-//   * kla_validate returns a kla_status in range, never NO_DEVICE / CUDA (host-only validation);
+// the device workspace (none, valid, or any pointer and size) and the fp32 arithmetic, and checks:
+//   * kla_validate returns a kla_status in range, never NO_DEVICE / CUDA / UNSUPPORTED_PATH
+//     (host-only validation), and ABI_MISMATCH exactly when the stamp is wrong;
 //   * the message is "kla: ..." on failure and "" on success;
+//   * the early checks (ABI stamp, dtype, coefficient, read-out, fp32_math, path, value_slice)
+//     give exactly the status of the first one that fails, in kla_validate's order;
 //   * if it returns KLA_SUCCESS, the struct is valid by the independent check below;
 //   * if the independent check says valid, it is accepted;
 //   * it touches no memory it was not given: cu_seqlens_host / state_indices_host point to heap
 //     arrays of exactly the length the struct claims (num_seqs+1, N), so ASan reports any
 //     overread; tensor and device pointers are unmapped garbage addresses or point into a small
 //     harness buffer that is far smaller than the tensors claimed (never dereferenced).
+// ABI 4 (read after all of the above, so older inputs decode as they did and keep their checks):
+// the path request (mostly valid, sometimes any 32-bit value) and value_slice (0, 8, 16, 32, 64 or
+// garbage) on a copy of the struct, checked the same way; a described device (compute capability,
+// 1..200 multiprocessors, 0..256 KB of shared memory, tensor maps or not) for
+// kla_plan_chunk_forward_for, whose result is checked against kla.h's promises without the
+// library's arithmetic (check_plan below); and, rarely, a corrupted abi_version / struct_size,
+// which must give KLA_ERROR_ABI_MISMATCH whatever the other fields hold, from kla_validate and
+// from the plan (which validates first).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -23,12 +35,14 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
 #include "bytes.hpp"
 #include "kla/kla.h"
+#include "plan/plan.hpp"
 
 using kla::fuzz::Bytes;
 using i128 = __int128;
@@ -41,21 +55,9 @@ constexpr std::uintptr_t kGarbage = 0x100000000000ull;
 
 int g_invalid_line = 0;
 
-[[noreturn]] void die(const char* what, const kla_params& p, int st) {
-  std::fprintf(stderr,
-               "fuzz_validate: %s (status %d, message '%s', independent check line %d)\n  dtype=%d "
-               "B=%lld T=%lld H=%lld "
-               "HV=%lld K=%lld V=%lld num_seqs=%lld pool_size=%lld\n",
-               what, st, kla_last_error_message(), g_invalid_line, int(std::int32_t(p.dtype)),
-               (long long)p.batch, (long long)p.seq_len, (long long)p.num_heads,
-               (long long)p.num_v_heads, (long long)p.head_dim_k, (long long)p.head_dim_v,
-               (long long)p.num_seqs, (long long)p.pool_size);
-  std::abort();
-}
-
 // Enum fields are read and written as raw 32-bit integers: a C caller may store any int there.
 static_assert(sizeof(kla_dtype) == 4 && sizeof(kla_coefficient) == 4 && sizeof(kla_readout) == 4 &&
-              sizeof(kla_fp32_math) == 4);
+              sizeof(kla_fp32_math) == 4 && sizeof(kla_path) == 4);
 template <class E>
 std::int32_t raw_enum(const E& e) {
   std::int32_t v;
@@ -65,6 +67,21 @@ std::int32_t raw_enum(const E& e) {
 template <class E>
 void set_enum(E& e, std::int32_t v) {
   std::memcpy(&e, &v, 4);
+}
+
+[[noreturn]] void die(const char* what, const kla_params& p, int st) {
+  std::fprintf(stderr,
+               "fuzz_validate: %s (status %d, message '%s', independent check line %d)\n  "
+               "abi_version=%u struct_size=%u dtype=%d B=%lld T=%lld H=%lld HV=%lld K=%lld "
+               "V=%lld num_seqs=%lld pool_size=%lld fp32_math=%d path=%d value_slice=%d "
+               "workspace=%p workspace_size=%zu\n",
+               what, st, kla_last_error_message(), g_invalid_line, p.abi_version, p.struct_size,
+               int(raw_enum(p.dtype)), (long long)p.batch, (long long)p.seq_len,
+               (long long)p.num_heads, (long long)p.num_v_heads, (long long)p.head_dim_k,
+               (long long)p.head_dim_v, (long long)p.num_seqs, (long long)p.pool_size,
+               int(raw_enum(p.fp32_math)), int(raw_enum(p.path)), int(p.value_slice), p.workspace,
+               p.workspace_size);
+  std::abort();
 }
 
 bool aligned(const void* p, std::uintptr_t a) {
@@ -156,11 +173,36 @@ constexpr Verdict kUnaddressable = Verdict::unsure;
 constexpr Verdict kUnaddressable = Verdict::invalid;
 #endif
 
+// The checks kla_validate makes before it reads any size, in its order, with the status each one
+// gives (kla.h's status comments; the order is validate.cpp's: the stamp first, because a struct
+// of another layout has other fields at these offsets, then the enums, then the path request).
+// nullopt: all of them pass, and the rest is judged by `independent`.
+bool valid_value_slice(std::int32_t vs) {
+  return vs == 0 || vs == 8 || vs == 16 || vs == 32 || vs == 64;
+}
+std::optional<kla_status> early_status(const kla_params& p) {
+  if (p.abi_version != KLA_ABI_VERSION || p.struct_size != sizeof(kla_params))
+    return KLA_ERROR_ABI_MISMATCH;
+  const auto dt = raw_enum(p.dtype), co = raw_enum(p.coefficient), ro = raw_enum(p.readout);
+  const auto fm = raw_enum(p.fp32_math), path = raw_enum(p.path);
+  if (dt < 0 || dt > 2) return KLA_ERROR_UNSUPPORTED_DTYPE;
+  if (co < 0 || co > 1 || ro < 0 || ro > 1 || fm < 0 || fm > 1) return KLA_ERROR_INVALID_VALUE;
+  if (path < KLA_PATH_AUTO || path > KLA_PATH_TOKENWISE) return KLA_ERROR_INVALID_VALUE;
+  if (!valid_value_slice(p.value_slice)) return KLA_ERROR_INVALID_VALUE;
+  if (p.value_slice != 0 && path == KLA_PATH_AUTO) return KLA_ERROR_INVALID_VALUE;
+  return std::nullopt;
+}
+
 Verdict independent(const kla_params& p, const HostArrays& a) {
   bool addressable = true;
+  if (p.abi_version != KLA_ABI_VERSION || p.struct_size != sizeof(kla_params)) return KLA_INVALID();
   const auto dt = raw_enum(p.dtype), co = raw_enum(p.coefficient), ro = raw_enum(p.readout);
-  const auto fm = raw_enum(p.fp32_math);
+  const auto fm = raw_enum(p.fp32_math), path = raw_enum(p.path);
   if (dt < 0 || dt > 2 || co < 0 || co > 1 || ro < 0 || ro > 1 || fm < 0 || fm > 1)
+    return KLA_INVALID();
+  // ABI 4: a known path; value_slice 0 or one of the documented widths, nonzero only with an
+  // explicit path.
+  if (path < 0 || path > 5 || !valid_value_slice(p.value_slice) || (p.value_slice && path == 0))
     return KLA_INVALID();
   const std::int64_t B = p.batch, T = p.seq_len, H = p.num_heads, HV = p.num_v_heads;
   const std::int64_t K = p.head_dim_k, V = p.head_dim_v;
@@ -484,9 +526,17 @@ void attach(kla_params& p, HostArrays& a) {
 int check(const kla_params& p, const HostArrays& a, bool built_valid) {
   const kla_status st = kla_validate(&p);
   const int s = int(st);
-  if (s < KLA_SUCCESS || s > KLA_ERROR_CUDA) die("status out of range", p, s);
+  if (s < KLA_SUCCESS || s > KLA_ERROR_ABI_MISMATCH) die("status out of range", p, s);
   if (st == KLA_ERROR_NO_DEVICE || st == KLA_ERROR_CUDA)
     die("host validation reported a device error", p, s);
+  if (st == KLA_ERROR_UNSUPPORTED_PATH) die("validation reported a plan error", p, s);
+  if (const auto want = early_status(p); want && st != *want) {
+    std::fprintf(stderr, "fuzz_validate: expected status %d (%s)\n", int(*want),
+                 kla_status_string(*want));
+    die("an early check (stamp, enum, path, value_slice) gave the wrong status", p, s);
+  }
+  if (!early_status(p) && st == KLA_ERROR_ABI_MISMATCH)
+    die("ABI mismatch on a stamped struct", p, s);
   const std::string msg = kla_last_error_message();
   if (st == KLA_SUCCESS && !msg.empty()) die("message set on success", p, s);
   if (st != KLA_SUCCESS && msg.rfind("kla: ", 0) != 0) die("empty or unprefixed message", p, s);
@@ -500,11 +550,284 @@ int check(const kla_params& p, const HostArrays& a, bool built_valid) {
   return s;
 }
 
+// ---- ABI 4: the path request, the described device, the plan, the stamp -------------------------
+
+// kla.h's names of the paths (kla_plan.path_name, kla_path_name), by value.
+constexpr const char* kPathNames[] = {"auto", "wy",      "wy_transposed",
+                                      "tf32", "generic", "tokenwise"};
+
+// Mostly a valid path (0 = AUTO, so inputs that end before this byte keep AUTO), sometimes any
+// 32-bit value.
+std::int32_t pick_path(Bytes& r) {
+  const unsigned sel = r.u8() % 16;
+  if (sel < 12) return std::int32_t(sel % 6);
+  switch (sel) {
+    case 12: return -1;
+    case 13: return KLA_PATH_TOKENWISE + 1;
+    case 14: return std::int32_t(pick_i64(r, KLA_PATH_TOKENWISE));  // truncated to 32 bits
+    default: return std::int32_t(r.u32());
+  }
+}
+
+// Mostly 0 or a documented width, sometimes a near miss or any 32-bit value.
+std::int32_t pick_value_slice(Bytes& r) {
+  static constexpr std::int32_t kGood[] = {0, 8, 16, 32, 64, 0, 16, 32, 8, 0};
+  constexpr std::int32_t kMin = std::numeric_limits<std::int32_t>::min();
+  constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+  static constexpr std::int32_t kBad[] = {-8, -1, 1, 4, 12, 24, 48, 96, 128, 256, kMin, kMax};
+  const unsigned sel = r.u8() % 12;
+  if (sel < 10) return kGood[sel];
+  if (sel == 10) return kBad[r.u8() % 12];
+  return std::int32_t(r.u32());
+}
+
+// A device for kla_plan_chunk_forward_for: H100, A100, or described field by field (compute
+// capability from a list, 1..200 multiprocessors, 0..256 KB of opt-in shared memory, tensor maps
+// or not).
+kla_device_info pick_device(Bytes& r) {
+  kla_device_info d{};
+  switch (r.u8() % 4) {
+    case 0: d = {9, 0, 132, 232448, 1}; break;
+    case 1: d = {8, 0, 108, 166912, 1}; break;
+    default: {
+      static constexpr int kCc[][2] = {{9, 0}, {8, 0},  {8, 6},  {8, 9}, {7, 5},
+                                       {7, 0}, {10, 0}, {12, 0}, {6, 1}, {9, 0}};
+      const unsigned c = r.u8() % 10;
+      d.compute_major = kCc[c][0], d.compute_minor = kCc[c][1];
+      d.multiprocessors = 1 + r.u8() % 200;
+      static constexpr std::int64_t kSmem[] = {0, 48 * 1024, 101376, 166912, 232448, 256 * 1024};
+      const unsigned m = r.u8();
+      d.max_smem_per_block =
+          m % 2 ? kSmem[(m / 2) % 6] : std::int64_t(r.u32() % (256u * 1024u + 1u));
+      d.tensor_maps = r.flag() ? 1 : 0;
+    }
+  }
+  return d;
+}
+
+struct PlanResult {
+  kla_status st = KLA_SUCCESS;
+  kla_plan plan;
+  std::string msg;
+};
+
+// The public entry point (this target compiles the plan with KLA_HAVE_SM90A: the build of the GPU
+// preset, whose WY paths the plan may pick).
+PlanResult plan_public(const kla_params& p, const kla_device_info& d) {
+  PlanResult r;
+  std::memset(&r.plan, 0xA5, sizeof r.plan);
+  r.st = kla_plan_chunk_forward_for(&p, &d, &r.plan);
+  r.msg = kla_last_error_message();
+  return r;
+}
+
+// The plan of a build without sm_90a kernels (BuildInfo{false}), through the plan layer's own
+// entry (plan/plan.hpp) for params kla_validate accepts.
+PlanResult plan_no_sm90a(const kla_params& p, const kla_device_info& d) {
+  PlanResult r;
+  std::memset(&r.plan, 0xA5, sizeof r.plan);
+  if (kla_validate(&p) != KLA_SUCCESS) std::abort();  // (also clears the message)
+  kla::plan::Plan out;
+  r.st = kla::plan::plan_chunk(p, kla::plan::from_c(d), kla::plan::BuildInfo{false}, out);
+  if (r.st == KLA_SUCCESS) kla::plan::to_c(out, r.plan);
+  r.msg = kla_last_error_message();
+  return r;
+}
+
+[[noreturn]] void die_plan(const char* what, const kla_params& p, const kla_device_info& d,
+                           const PlanResult& r, bool sm90a) {
+  std::fprintf(stderr,
+               "fuzz_validate: plan%s: %s\n  device: compute %d.%d, %d multiprocessors, "
+               "max_smem_per_block %lld, tensor_maps %d; status %d, message '%s'\n",
+               sm90a ? "" : " (build without sm_90a)", what, d.compute_major, d.compute_minor,
+               d.multiprocessors, (long long)d.max_smem_per_block, d.tensor_maps, int(r.st),
+               r.msg.c_str());
+  if (r.st == KLA_SUCCESS) {
+    const kla_plan& pl = r.plan;
+    const void* nul = std::memchr(pl.reason, 0, sizeof pl.reason);
+    const int len = nul ? int(static_cast<const char*>(nul) - pl.reason) : int(sizeof pl.reason);
+    std::fprintf(stderr,
+                 "  plan: path %d chunk_len %d value_slice %d stages %d threads %d blocks %lld "
+                 "prep_blocks %lld smem %lld prep_smem %lld workspace_bytes %zu\n  reason '%.*s'\n",
+                 int(raw_enum(pl.path)), pl.chunk_len, pl.value_slice, pl.stages, pl.threads,
+                 (long long)pl.blocks, (long long)pl.prep_blocks, (long long)pl.smem_bytes,
+                 (long long)pl.prep_smem_bytes, pl.workspace_bytes, len, pl.reason);
+  }
+  die(what, p, int(r.st));
+}
+
+// Two plans run the same kernels with the same tiling (the reason may differ).
+bool same_plan(const kla_plan& a, const kla_plan& b) {
+  return raw_enum(a.path) == raw_enum(b.path) && a.chunk_len == b.chunk_len &&
+         a.value_slice == b.value_slice && a.stages == b.stages && a.threads == b.threads &&
+         a.blocks == b.blocks && a.prep_blocks == b.prep_blocks && a.smem_bytes == b.smem_bytes &&
+         a.prep_smem_bytes == b.prep_smem_bytes && a.workspace_bytes == b.workspace_bytes;
+}
+
+// One plan result for validated params, against kla.h's promises (none of the library's own
+// arithmetic: the documented path conditions, the grid that N x HV x V / value_slice blocks
+// make, the device's limits, the caller's workspace).
+void check_plan(const kla_params& p, const kla_device_info& d, const PlanResult& r, bool sm90a) {
+  const auto bad = [&](const char* what) { die_plan(what, p, d, r, sm90a); };
+  const std::int32_t want = raw_enum(p.path);
+  if (r.st != KLA_SUCCESS && r.st != KLA_ERROR_UNSUPPORTED_PATH)
+    bad("status is neither KLA_SUCCESS nor KLA_ERROR_UNSUPPORTED_PATH");
+  if (r.st != KLA_SUCCESS) {
+    if (r.msg.size() <= 5 || r.msg.rfind("kla: ", 0) != 0) bad("refused without a message");
+    if (want != KLA_PATH_AUTO && r.msg.find(kPathNames[want]) == std::string::npos)
+      bad("the refusal of a requested path does not name the path");
+    return;
+  }
+  if (want == KLA_PATH_TOKENWISE) bad("the chunk planner accepted a TOKENWISE request");
+  const kla_plan& pl = r.plan;
+  const std::int32_t path = raw_enum(pl.path);
+  if (path < KLA_PATH_WY || path > KLA_PATH_TOKENWISE) bad("plan.path is AUTO or unknown");
+  if (path == KLA_PATH_TOKENWISE) bad("the chunk planner planned the tokenwise kernel");
+  if (want != KLA_PATH_AUTO && path != want) bad("a requested path was not honoured");
+  if (!pl.path_name || std::strcmp(pl.path_name, kla_path_name(pl.path)) != 0 ||
+      std::strcmp(pl.path_name, kPathNames[path]) != 0)
+    bad("path_name is not kla_path_name(path)");
+  if (!std::memchr(pl.reason, 0, sizeof pl.reason)) bad("reason not NUL-terminated in its buffer");
+  if (pl.reason[0] == 0) bad("empty reason");
+  const bool two_pass = path != KLA_PATH_GENERIC;
+  const bool wy = path == KLA_PATH_WY || path == KLA_PATH_WY_TRANSPOSED;
+  if (!p.workspace && two_pass) bad("a two-pass path without a workspace (only GENERIC can run)");
+  if (!sm90a && wy) bad("a WY path in a build without sm_90a kernels");
+
+  const std::int64_t K = p.head_dim_k, V = p.head_dim_v, HV = p.num_v_heads;
+  const std::int64_t N = p.cu_seqlens ? p.num_seqs : p.batch;
+  const std::int32_t vs = pl.value_slice;
+  if (vs <= 0 || V % vs != 0) bad("value_slice does not divide head_dim_v");
+  if (p.value_slice != 0 && vs != p.value_slice) bad("a requested value_slice was not honoured");
+  const auto dt = raw_enum(p.dtype);
+  const bool fast = raw_enum(p.fp32_math) == KLA_FP32_MATH_FAST;
+  // The documented conditions of each path (kla.h, kla_path and kla_params.value_slice).
+  if (wy) {
+    if (d.compute_major != 9) bad("a WY path on a device that is not compute capability 9.x");
+    if (!d.tensor_maps) bad("a WY path without tensor maps");
+  }
+  switch (path) {
+    case KLA_PATH_WY:
+      if (vs != 8 && vs != 16 && vs != 32) bad("WY with a value_slice other than 8, 16, 32");
+      if (vs == 8 && K < 96) bad("WY with 8-column slices and head_dim_k < 96");
+      if (K != 64 && K != 96 && K != 128) bad("WY with head_dim_k not in {64, 96, 128}");
+      if (dt == KLA_DTYPE_FP32 && !fast) bad("WY for fp32 with fp32_math ACCURATE");
+      break;
+    case KLA_PATH_WY_TRANSPOSED:
+      if (vs != 64) bad("WY_TRANSPOSED with a value_slice other than 64");
+      if (K != 64 && K != 128) bad("WY_TRANSPOSED with head_dim_k not in {64, 128}");
+      if (V % 64 != 0) bad("WY_TRANSPOSED with head_dim_v not a multiple of 64");
+      if (dt == KLA_DTYPE_FP32) bad("WY_TRANSPOSED for fp32");
+      break;
+    case KLA_PATH_TF32:
+      if (vs != 8 && vs != 16 && vs != 32) bad("TF32 with a value_slice other than 8, 16, 32");
+      if (d.compute_major < 8) bad("TF32 on a device before compute capability 8.0");
+      break;
+    default:  // GENERIC
+      if (vs != 16 && vs != 32) bad("GENERIC with a value_slice other than 16, 32");
+      if (pl.workspace_bytes != 0) bad("GENERIC (workspace-free) uses workspace bytes");
+      if (pl.prep_blocks != 0 || pl.prep_smem_bytes != 0) bad("GENERIC (one pass) has a prep");
+      break;
+  }
+  if (two_pass ? pl.chunk_len != 64 : pl.chunk_len != 32 && pl.chunk_len != 64)
+    bad("chunk_len is not 64 (two-pass paths) or 32 / 64 (generic)");
+  if (two_pass && (pl.prep_blocks <= 0 || pl.workspace_bytes == 0))
+    bad("a two-pass path without prep blocks or workspace bytes");
+  if (pl.stages < 1) bad("stages < 1");
+  if (pl.threads < 32 || pl.threads > 1024 || pl.threads % 32 != 0)
+    bad("threads not a whole number of warps in [32, 1024]");
+  if (vs > 0 && i128(pl.blocks) != i128(N) * HV * V / vs) bad("blocks != N * HV * V / value_slice");
+  if (pl.blocks > std::numeric_limits<std::int32_t>::max()) bad("blocks exceed the grid's 2^31-1");
+  if (pl.smem_bytes <= 0 || pl.smem_bytes > d.max_smem_per_block)
+    bad("smem_bytes not in (0, the device's max_smem_per_block]");
+  if (pl.prep_smem_bytes < 0 || pl.prep_smem_bytes > d.max_smem_per_block)
+    bad("prep_smem_bytes not in [0, the device's max_smem_per_block]");
+  if (!p.workspace && pl.workspace_bytes != 0) bad("workspace_bytes without a workspace");
+  if (p.workspace && pl.workspace_bytes > p.workspace_size) bad("workspace_bytes > workspace_size");
+  if (p.workspace && pl.workspace_bytes > kla_workspace_size(&p))
+    bad("workspace_bytes > kla_workspace_size(p)");
+}
+
+// kla_plan_chunk_forward_for on params whose kla_validate status is `vstatus`: it validates first
+// (same status and message on invalid params, whatever the device and plan pointers), then plans;
+// the plan is checked (check_plan), deterministic, what the plan's own choice gives when
+// requested explicitly, and what a build without the sm_90a kernels plans unless it is a WY path.
+void check_plans(const kla_params& p, int vstatus, const kla_device_info& d) {
+  const PlanResult r = plan_public(p, d);
+  kla_plan scratch;
+  if (vstatus != KLA_SUCCESS) {
+    if (int(r.st) != vstatus) die_plan("status differs from kla_validate's", p, d, r, true);
+    kla_validate(&p);
+    if (r.msg != kla_last_error_message())
+      die_plan("message differs from kla_validate's", p, d, r, true);
+    if (int(kla_plan_chunk_forward_for(&p, nullptr, nullptr)) != vstatus)
+      die_plan("NULL device / plan checked before the params", p, d, r, true);
+    return;
+  }
+  if (kla_plan_chunk_forward_for(&p, nullptr, &scratch) != KLA_ERROR_NULL_POINTER ||
+      kla_plan_chunk_forward_for(&p, &d, nullptr) != KLA_ERROR_NULL_POINTER)
+    die_plan("a NULL device or plan is not KLA_ERROR_NULL_POINTER", p, d, r, true);
+  check_plan(p, d, r, true);
+  const PlanResult again = plan_public(p, d);
+  if (again.st != r.st || again.msg != r.msg ||
+      (r.st == KLA_SUCCESS &&
+       (!same_plan(r.plan, again.plan) || std::strcmp(r.plan.reason, again.plan.reason) != 0)))
+    die_plan("not deterministic", p, d, again, true);
+  if (r.st == KLA_SUCCESS && p.value_slice == 0) {
+    kla_params q = p;
+    q.path = r.plan.path;
+    q.value_slice = r.plan.value_slice;
+    const PlanResult rq = plan_public(q, d);
+    if (rq.st != KLA_SUCCESS || !same_plan(r.plan, rq.plan))
+      die_plan("the plan's own path and value_slice, requested explicitly, plan differently", q, d,
+               rq, true);
+  }
+  const PlanResult rn = plan_no_sm90a(p, d);
+  check_plan(p, d, rn, false);
+  const std::int32_t path = r.st == KLA_SUCCESS ? raw_enum(r.plan.path) : -1;
+  if (r.st != KLA_SUCCESS && rn.st == KLA_SUCCESS)
+    die_plan("without sm_90a kernels it plans what the sm_90a build refuses", p, d, rn, false);
+  if (r.st == KLA_SUCCESS && path != KLA_PATH_WY && path != KLA_PATH_WY_TRANSPOSED &&
+      (rn.st != KLA_SUCCESS || !same_plan(r.plan, rn.plan)))
+    die_plan("without sm_90a kernels a non-WY plan changes", p, d, rn, false);
+}
+
+// A stamp value other than `good`: 0, the previous ABI's, off by one, all ones or any.
+std::uint32_t pick_bad_stamp(Bytes& r, std::uint32_t good, std::uint32_t older) {
+  std::uint32_t v;
+  switch (r.u8() % 6) {
+    case 0: v = 0; break;
+    case 1: v = older; break;
+    case 2: v = good + 1; break;
+    case 3: v = good - 1; break;
+    case 4: v = 0xFFFFFFFFu; break;
+    default: v = r.u32(); break;
+  }
+  return v == good ? good ^ 0x80000000u : v;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (kla_validate(nullptr) != KLA_ERROR_NULL_POINTER) std::abort();
   kla_params_init(nullptr);  // must not crash
+  if (kla_abi_version() != KLA_ABI_VERSION || !kla::plan::this_build().sm90a) std::abort();
+  {  // kla_params_init: the stamp and kla.h's defaults, over a struct full of garbage
+    kla_params d;
+    std::memset(&d, 0xA5, sizeof d);
+    kla_params_init(&d);
+    if (d.abi_version != KLA_ABI_VERSION || d.struct_size != sizeof(kla_params) ||
+        raw_enum(d.path) != KLA_PATH_AUTO || d.value_slice != 0 || d.eta_value != 1.0f ||
+        d.eps != 0.0f || d.scale != 0.0f || raw_enum(d.coefficient) != KLA_COEFF_KACZMARZ ||
+        raw_enum(d.readout) != KLA_READOUT_SCALE || raw_enum(d.fp32_math) != 0 || d.workspace ||
+        d.q || d.cu_seqlens || d.state_pool)
+      std::abort();
+  }
+  for (std::int32_t v = 0; v <= KLA_PATH_TOKENWISE; ++v) {
+    kla_path path;
+    set_enum(path, v);
+    if (std::strcmp(kla_path_name(path), kPathNames[v]) != 0) std::abort();
+  }
   Bytes r(data, size);
   kla_params p;
   HostArrays a;
@@ -538,6 +861,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // workspace stays valid (its need grows with FAST).
   set_enum(p.fp32_math, r.flag() ? std::int32_t(pick_i64(r, 0)) : r.range(0, 2));
   if (ws_case == 2) p.workspace_size = std::max(p.workspace_size, kla_workspace_size(&p));
-  check(p, a, false);
+  const int s1 = check(p, a, false);
+
+  // ABI 4, read after everything above (inputs that end earlier keep AUTO, 0, H100, no
+  // corruption). The path request on a copy, so the struct above is checked as before.
+  kla_params p2 = p;
+  set_enum(p2.path, pick_path(r));
+  p2.value_slice = pick_value_slice(r);
+  const int s2 = check(p2, a, false);
+  const kla_device_info dev = pick_device(r);
+  check_plans(p, s1, dev);
+  if (raw_enum(p2.path) != KLA_PATH_AUTO || p2.value_slice != 0) check_plans(p2, s2, dev);
+  // Rarely: a struct stamped for another layout, whatever its other fields hold.
+  if (r.u8() % 16 == 15) {
+    kla_params pc = p2;
+    const unsigned which = r.u8() % 3;
+    if (which != 1) pc.abi_version = pick_bad_stamp(r, KLA_ABI_VERSION, KLA_ABI_VERSION - 1);
+    if (which != 0) pc.struct_size = pick_bad_stamp(r, sizeof(kla_params), sizeof(kla_params) - 16);
+    if (check(pc, a, false) != KLA_ERROR_ABI_MISMATCH) die("stamp not refused", pc, -1);
+    check_plans(pc, KLA_ERROR_ABI_MISMATCH, dev);
+  }
   return 0;
 }
