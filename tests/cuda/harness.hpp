@@ -265,10 +265,10 @@ inline kla_status call(Entry e, const kla_params& p, cudaStream_t s = nullptr) {
   return e == Entry::chunk ? chunk_forward_pinned(p, s) : kla_tokenwise_forward(&p, s);
 }
 
-/// Runs an entry point on a problem; throws on a failing status.
-inline Outputs run_device(DeviceProblem& dp, Entry e) {
+/// Runs an entry point on a problem with params p (outputs poisoned first) and downloads o and,
+/// where wanted, the final state; throws on a failing status.
+inline Outputs run_params(DeviceProblem& dp, Entry e, const kla_params& p) {
   dp.poison();
-  const kla_params p = dp.params();
   const kla_status st = call(e, p);
   if (st != KLA_SUCCESS)
     throw std::runtime_error(std::string(kla_status_string(st)) + ": " + kla_last_error_message());
@@ -281,6 +281,11 @@ inline Outputs run_device(DeviceProblem& dp, Entry e) {
     out.state.assign(s.begin(), s.end());
   }
   return out;
+}
+
+/// Runs an entry point on a problem with its own params (dp.params()).
+inline Outputs run_device(DeviceProblem& dp, Entry e) {
+  return run_params(dp, e, dp.params());
 }
 
 /// Runs `fn(i)` for i in [0, n) on up to hardware_concurrency threads.

@@ -375,14 +375,7 @@ TEST(CudaKernels, EveryRequestedPathAgainstMpfr) {
     if (k.vs) {
       EXPECT_EQ(plan.value_slice, k.vs) << plan.reason;
     }
-    dp.poison();
-    ASSERT_EQ(kla_chunk_forward(&p, nullptr), KLA_SUCCESS) << kla_last_error_message();
-    KLA_CUDA_CHECK(cudaDeviceSynchronize());
-    Outputs got;
-    const auto o = dp.download_o();
-    got.o.assign(o.begin(), o.end());
-    const auto sf = dp.download_state();
-    got.state.assign(sf.begin(), sf.end());
+    const Outputs got = run_params(dp, Entry::chunk, p);
     const Comparison cmp = compare(got, run_reference<Mpfr>(d), d);
     EXPECT_TRUE(cmp.ok) << plan.path_name << "/" << plan.value_slice << " " << cmp.report;
     std::printf("  [%s/%d] %s\n", plan.path_name, plan.value_slice, cmp.report.c_str());
@@ -428,14 +421,7 @@ TEST(CudaKernels, UnusedStrideOfExtentOneIgnored) {
   p.q_strides[0] = 3, p.k_strides[0] = 0, p.v_strides[0] = 5;  // B = 1: never used
   ASSERT_EQ(kla_plan_chunk_forward(&p, &odd), KLA_SUCCESS) << kla_last_error_message();
   EXPECT_EQ(odd.path, clean.path) << odd.reason;
-  dp.poison();
-  ASSERT_EQ(call(Entry::chunk, p), KLA_SUCCESS) << kla_last_error_message();
-  KLA_CUDA_CHECK(cudaDeviceSynchronize());
-  Outputs got;
-  const auto o = dp.download_o();
-  got.o.assign(o.begin(), o.end());
-  const auto sf = dp.download_state();
-  got.state.assign(sf.begin(), sf.end());
+  const Outputs got = run_params(dp, Entry::chunk, p);
   const Comparison cmp = compare(got, run_reference<Mpfr>(d), d);
   EXPECT_TRUE(cmp.ok) << odd.path_name << " " << cmp.report;
 }

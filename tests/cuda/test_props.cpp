@@ -25,17 +25,33 @@ using Mpfr = kla::ref::Mpfr;
 
 const float kEps[] = {0.0f, 1e-12f, 1e-6f, 1e-3f, 1.0f};
 
-/// A random problem small enough for the MPFR reference (T <= 100, K, V <= 64).
+/// A random problem small enough for the MPFR reference (T <= 100 a sequence; K, V <= 64, or up
+/// to 128 on a single key head). Under a pinned WY path (--kla_path, path_pin.hpp) the dtype and
+/// head dims are drawn from that path's domain, so the pinned run exercises it.
 Config gen_config() {
+  const PathPin& pin = pinned_path();
+  const bool wy = pin.path == KLA_PATH_WY, tr = pin.path == KLA_PATH_WY_TRANSPOSED;
   Config c;
-  c.dtype = *rc::gen::element(KLA_DTYPE_FP32, KLA_DTYPE_BF16, KLA_DTYPE_FP16);
-  // fp32: both chunkwise arithmetics (FAST runs the WY path on sm_90a at K = 64).
+  c.dtype = wy   ? *rc::gen::element(KLA_DTYPE_BF16, KLA_DTYPE_FP16, KLA_DTYPE_FP32)
+            : tr ? *rc::gen::element(KLA_DTYPE_BF16, KLA_DTYPE_FP16)
+                 : *rc::gen::element(KLA_DTYPE_FP32, KLA_DTYPE_BF16, KLA_DTYPE_FP16);
+  // fp32: both chunkwise arithmetics (FAST runs the WY path on sm_90a).
   if (c.dtype == KLA_DTYPE_FP32)
-    c.fp32_math = *rc::gen::element(KLA_FP32_MATH_ACCURATE, KLA_FP32_MATH_FAST);
-  c.K = 16 * *rc::gen::inRange(1, 5);
-  c.V = 16 * *rc::gen::inRange(1, 5);
+    c.fp32_math =
+        wy ? KLA_FP32_MATH_FAST : *rc::gen::element(KLA_FP32_MATH_ACCURATE, KLA_FP32_MATH_FAST);
+  if (wy)
+    c.K = pin.value_slice == 8 ? *rc::gen::element(96, 128) : *rc::gen::element(64, 96, 128);
+  else if (tr)
+    c.K = *rc::gen::element(64, 128);
+  else
+    c.K = *rc::gen::element(16, 32, 48, 64, 80, 64, 96, 128);
+  const int vs = pin.value_slice > 16 ? pin.value_slice : 16;  // V: a multiple of 16 and the slice
+  c.V = tr   ? *rc::gen::element(64, 128)
+        : wy ? vs * *rc::gen::inRange(1, 128 / vs + 1)
+             : 16 * *rc::gen::inRange(1, 5);
   c.H = *rc::gen::inRange(1, 3);
   c.HV = c.H * *rc::gen::inRange(1, 3);
+  if (c.K > 64 || c.V > 64) c.H = 1, c.HV = *rc::gen::inRange(1, 3);  // the reference's cost
   if (*rc::gen::arbitrary<bool>()) {
     const int n = *rc::gen::inRange(1, 4);
     c.cu_seqlens = {0};

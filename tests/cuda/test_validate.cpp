@@ -68,18 +68,31 @@ bool have_gpu() {
 }
 #endif
 
-/// Expects `st` from kla_validate and both entry points, a message containing `needle`, and
-/// nothing written.
+/// H100 / H200 as the plan sees them (kla_plan_chunk_forward_for needs no GPU).
+constexpr kla_device_info kH200{9, 0, 132, 232448, 1};
+
+/// Expects `st` from kla_validate, the planners and both entry points, a message containing
+/// `needle`, and nothing written (neither the outputs nor the plan).
 void expect_rejected(Fixture& f, kla_status st, const std::string& needle) {
   EXPECT_EQ(kla_validate(&f.p), st) << kla_last_error_message();
   EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos)
       << "message '" << kla_last_error_message() << "' does not name '" << needle << "'";
+  kla_plan plan, untouched_plan;
+  std::memset(&plan, 0x5A, sizeof plan);
+  std::memset(&untouched_plan, 0x5A, sizeof untouched_plan);
+  EXPECT_EQ(kla_plan_chunk_forward_for(&f.p, &kH200, &plan), st);
+  EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos);
 #ifdef KLA_TEST_WITH_CUDA
+  EXPECT_EQ(kla_plan_chunk_forward(&f.p, &plan), st);
+  EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos);
+  EXPECT_EQ(kla_plan_tokenwise_forward(&f.p, &plan), st);
+  EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos);
   EXPECT_EQ(kla_chunk_forward(&f.p, nullptr), st);
   EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos);
   EXPECT_EQ(kla_tokenwise_forward(&f.p, nullptr), st);
   EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos);
 #endif
+  EXPECT_EQ(std::memcmp(&plan, &untouched_plan, sizeof plan), 0) << "a refused call wrote the plan";
   EXPECT_TRUE(f.untouched());
 }
 
@@ -321,11 +334,173 @@ TEST(Validate, PartiallyOverlappingStates) {
 
 TEST(Validate, StatusStringsAndVersion) {
   std::set<std::string> seen;
-  for (int s = 0; s <= KLA_ERROR_CUDA; ++s)
+  for (int s = 0; s <= KLA_ERROR_ABI_MISMATCH; ++s)
     EXPECT_TRUE(seen.insert(kla_status_string(static_cast<kla_status>(s))).second);
+  EXPECT_STREQ(kla_status_string(KLA_ERROR_UNSUPPORTED_PATH), "KLA_ERROR_UNSUPPORTED_PATH");
+  EXPECT_STREQ(kla_status_string(KLA_ERROR_ABI_MISMATCH), "KLA_ERROR_ABI_MISMATCH");
+  EXPECT_STREQ(kla_status_string(static_cast<kla_status>(KLA_ERROR_ABI_MISMATCH + 1)),
+               "KLA_ERROR_UNKNOWN_STATUS");
   EXPECT_STREQ(kla_status_string(static_cast<kla_status>(99)), "KLA_ERROR_UNKNOWN_STATUS");
+  EXPECT_STREQ(kla_status_string(static_cast<kla_status>(-1)), "KLA_ERROR_UNKNOWN_STATUS");
   EXPECT_GT(std::strlen(kla_version_string()), 0u);
   EXPECT_EQ(kla_workspace_size(nullptr), 0u);
+}
+
+// ---- ABI 4: the stamp, the path request --------------------------------------------------------
+
+TEST(Validate, AbiStamp) {
+  kla_params p;
+  std::memset(&p, 0xA5, sizeof p);
+  kla_params_init(&p);
+  EXPECT_EQ(p.abi_version, uint32_t(KLA_ABI_VERSION));
+  EXPECT_EQ(p.struct_size, uint32_t(sizeof(kla_params)));
+  EXPECT_EQ(p.path, KLA_PATH_AUTO);
+  EXPECT_EQ(p.value_slice, 0);
+  EXPECT_EQ(kla_abi_version(), uint32_t(KLA_ABI_VERSION));
+  kla::cuda::Params cp;  // the C++ wrapper stamps through kla_params_init too
+  EXPECT_EQ(cp.abi_version, uint32_t(KLA_ABI_VERSION));
+  EXPECT_EQ(cp.struct_size, uint32_t(sizeof(kla_params)));
+  kla_params_init(nullptr);  // harmless
+}
+
+TEST(Validate, AbiMismatchIsCheckedFirst) {
+  // Another ABI version or struct size, everything else valid.
+  for (uint32_t v : {0u, 3u, uint32_t(KLA_ABI_VERSION + 1)}) {
+    Fixture f;
+    f.p.abi_version = v;
+    expect_rejected(f, KLA_ERROR_ABI_MISMATCH, "abi_version = " + std::to_string(v) + ",");
+  }
+  for (uint32_t size : {0u, uint32_t(sizeof(kla_params) - 8), uint32_t(sizeof(kla_params) + 8)}) {
+    Fixture f;
+    f.p.struct_size = size;
+    expect_rejected(f, KLA_ERROR_ABI_MISMATCH, "struct_size = " + std::to_string(size) + ";");
+  }
+  // Every other field garbage (what another layout's fields look like at these offsets: null or
+  // odd pointers, negative sizes, unknown enums): the stamp is still what is reported.
+  for (int fill : {0x00, 0xFF, 0xA5}) {
+    Fixture f;
+    std::memset(&f.p, fill, sizeof f.p);
+    f.p.abi_version = 3;
+    f.p.struct_size = uint32_t(sizeof(kla_params));
+    expect_rejected(f, KLA_ERROR_ABI_MISMATCH, "abi_version = 3");
+    std::memset(&f.p, fill, sizeof f.p);  // the stamp garbage too
+    expect_rejected(f, KLA_ERROR_ABI_MISMATCH,
+                    "this library is ABI " + std::to_string(KLA_ABI_VERSION));
+  }
+  {  // The right stamp over the same garbage is refused by the other checks instead.
+    Fixture f;
+    std::memset(&f.p, 0xFF, sizeof f.p);
+    f.p.abi_version = KLA_ABI_VERSION;
+    f.p.struct_size = uint32_t(sizeof(kla_params));
+    const kla_status s = kla_validate(&f.p);
+    EXPECT_NE(s, KLA_SUCCESS);
+    EXPECT_NE(s, KLA_ERROR_ABI_MISMATCH) << kla_last_error_message();
+  }
+  {  // kla_workspace_size sizes nothing for a struct of another layout.
+    Fixture f;
+    EXPECT_GT(kla_workspace_size(&f.p), 0u);
+    f.p.abi_version = 3;
+    EXPECT_EQ(kla_workspace_size(&f.p), 0u);
+  }
+}
+
+TEST(Validate, InitForAnotherLayoutWritesOnlyTheStamp) {
+  // kla_params_init passes the caller's KLA_ABI_VERSION and sizeof(kla_params); a caller (or a
+  // binding) with another layout gets its stamp and not one byte more, so that every entry point
+  // refuses the struct.
+  auto bytes_from = [](const kla_params& p, std::size_t from, unsigned char value) {
+    const auto* b = reinterpret_cast<const unsigned char*>(&p);
+    for (std::size_t i = from; i < sizeof p; ++i)
+      if (b[i] != value) return false;
+    return true;
+  };
+  for (uint32_t size : {uint32_t(sizeof(kla_params)), 64u, 8u}) {
+    kla_params p;
+    std::memset(&p, 0x5A, sizeof p);
+    kla_params_init_abi(&p, 3, size);
+    EXPECT_EQ(p.abi_version, 3u);
+    EXPECT_EQ(p.struct_size, size);
+    EXPECT_TRUE(bytes_from(p, 2 * sizeof(uint32_t), 0x5A)) << "struct_size " << size;
+    EXPECT_EQ(kla_validate(&p), KLA_ERROR_ABI_MISMATCH);
+  }
+  {  // This ABI with a smaller struct: a mismatch too.
+    kla_params p;
+    std::memset(&p, 0x5A, sizeof p);
+    kla_params_init_abi(&p, KLA_ABI_VERSION, 64);
+    EXPECT_EQ(p.struct_size, 64u);
+    EXPECT_TRUE(bytes_from(p, 2 * sizeof(uint32_t), 0x5A));
+    EXPECT_EQ(kla_validate(&p), KLA_ERROR_ABI_MISMATCH);
+  }
+  {  // A struct too small for the stamp: nothing written at all.
+    kla_params p;
+    std::memset(&p, 0x5A, sizeof p);
+    kla_params_init_abi(&p, 3, 4);
+    EXPECT_TRUE(bytes_from(p, 0, 0x5A));
+  }
+  {  // This layout: the full defaults.
+    kla_params p;
+    std::memset(&p, 0x5A, sizeof p);
+    kla_params_init_abi(&p, KLA_ABI_VERSION, uint32_t(sizeof(kla_params)));
+    EXPECT_EQ(p.eta_value, 1.0f);
+    EXPECT_EQ(p.path, KLA_PATH_AUTO);
+    EXPECT_EQ(p.workspace, nullptr);
+  }
+}
+
+TEST(Validate, PathRequest) {
+  const kla_path paths[] = {KLA_PATH_AUTO, KLA_PATH_WY,      KLA_PATH_WY_TRANSPOSED,
+                            KLA_PATH_TF32, KLA_PATH_GENERIC, KLA_PATH_TOKENWISE};
+  // Every path validates: whether it can run the call is the plan's answer
+  // (KLA_ERROR_UNSUPPORTED_PATH), not validation's.
+  for (kla_path path : paths) {
+    Fixture f;
+    f.p.path = path;
+    EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS)
+        << kla_path_name(path) << ": " << kla_last_error_message();
+  }
+  for (int bad : {6, 7, -1, 1 << 20}) {
+    Fixture f;
+    f.p.path = static_cast<kla_path>(bad);
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "path = " + std::to_string(bad) + " is unknown");
+  }
+}
+
+TEST(Validate, ValueSlice) {
+  // 0 (the plan's choice) or a width some path has, 8, 16, 32 or 64, with any explicit path
+  // (whether that path takes that width is again the plan's answer).
+  for (kla_path path :
+       {KLA_PATH_WY, KLA_PATH_WY_TRANSPOSED, KLA_PATH_TF32, KLA_PATH_GENERIC, KLA_PATH_TOKENWISE})
+    for (int vs : {0, 8, 16, 32, 64}) {
+      Fixture f;
+      f.p.path = path;
+      f.p.value_slice = vs;
+      EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS)
+          << kla_path_name(path) << " " << vs << ": " << kla_last_error_message();
+    }
+  for (int vs : {-16, -1, 1, 4, 12, 24, 48, 96, 128, 256}) {
+    Fixture f;
+    f.p.path = KLA_PATH_GENERIC;
+    f.p.value_slice = vs;
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "value_slice = " + std::to_string(vs) + " is not");
+  }
+  // A width needs a path: AUTO chooses its own.
+  for (int vs : {8, 16, 32, 64}) {
+    Fixture f;
+    f.p.value_slice = vs;
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE,
+                    "value_slice = " + std::to_string(vs) + " needs an explicit path");
+  }
+}
+
+TEST(Validate, PathNames) {
+  EXPECT_STREQ(kla_path_name(KLA_PATH_AUTO), "auto");
+  EXPECT_STREQ(kla_path_name(KLA_PATH_WY), "wy");
+  EXPECT_STREQ(kla_path_name(KLA_PATH_WY_TRANSPOSED), "wy_transposed");
+  EXPECT_STREQ(kla_path_name(KLA_PATH_TF32), "tf32");
+  EXPECT_STREQ(kla_path_name(KLA_PATH_GENERIC), "generic");
+  EXPECT_STREQ(kla_path_name(KLA_PATH_TOKENWISE), "tokenwise");
+  for (int bad : {6, -1, 1000})
+    EXPECT_STREQ(kla_path_name(static_cast<kla_path>(bad)), "unknown") << bad;
 }
 
 TEST(Validate, Workspace) {

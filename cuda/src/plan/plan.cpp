@@ -49,7 +49,8 @@ int64_t records_bytes(const Problem& pb) {
 /// The WY scan's slice width where none is requested: 32 columns halve the per-column traffic of
 /// the scan (every slice reads the chunk's record and K / Q tiles) and are taken while they still
 /// give at least one block for every two multiprocessors; 8 columns where 16 would leave more
-/// than half the multiprocessors idle (few sequences and heads), K >= 96 only.
+/// than half the multiprocessors idle (few sequences and heads), K >= 96 only; else 16, or, where
+/// 16 do not fit, any width that does. 0 (with the reason in `why`) when none fits.
 int wy_auto_slice(const Problem& pb, const DeviceInfo& dev, std::string& why) {
   const bool fits32 = wy_slice_can_implement(pb, dev, 32).empty();
   const int64_t b32 = pb.V % 32 == 0 ? pb.N * pb.HV * (pb.V / 32) : 0,
@@ -64,10 +65,20 @@ int wy_auto_slice(const Problem& pb, const DeviceInfo& dev, std::string& why) {
               " multiprocessors idle");
     return 8;
   }
-  why =
-      cat(b16, " blocks of 16 columns (",
-          fits32 ? cat(b32, " of 32 would be too few") : std::string("32 columns do not fit"), ")");
-  return 16;
+  if (wy_slice_can_implement(pb, dev, 16).empty()) {
+    why = cat(b16, " blocks of 16 columns (",
+              fits32 ? cat(b32, " of 32 would be too few") : std::string("32 columns do not fit"),
+              ")");
+    return 16;
+  }
+  // 16 columns do not fit (a described device with less shared memory): any slice that does.
+  for (int vs : {8, 32})
+    if (wy_slice_can_implement(pb, dev, vs).empty()) {
+      why = cat(vs, " columns, the only slice that fits");
+      return vs;
+    }
+  why = wy_slice_can_implement(pb, dev, 16);
+  return 0;
 }
 
 /// Whether the transposed scan pays where none is requested: its chunk step costs less a value
@@ -153,13 +164,15 @@ void fill_tf32(const Problem& pb, int VS, int stages, Plan& out) {
 
 // ---- generic ------------------------------------------------------------------------------------
 
-/// Slices narrow enough to give every multiprocessor about two blocks, and 64-token chunks where
-/// K <= 64 and they fit (32 otherwise). requested_vs pins the width.
+/// Slices narrow enough to give every multiprocessor about two blocks (32 columns only where they
+/// fit), and 64-token chunks where K <= 64 and they fit (32 otherwise). requested_vs pins the
+/// width.
 layout::GenericTiling generic_tiling(const Problem& pb, const DeviceInfo& dev, int requested_vs) {
   layout::GenericTiling t{32, 16};
   if (requested_vs)
     t.VS = requested_vs;
-  else if (pb.V % 32 == 0 && pb.N * pb.HV * (pb.V / 32) >= 2LL * dev.sms)
+  else if (pb.V % 32 == 0 && pb.N * pb.HV * (pb.V / 32) >= 2LL * dev.sms &&
+           layout::generic_smem_floats(int(pb.K), {32, 32}) * 4 <= dev.max_smem)
     t.VS = 32;
   if (pb.K <= 64 && layout::generic_smem_floats(int(pb.K), {64, t.VS}) * 4 <= dev.max_smem)
     t.C = 64;
@@ -237,6 +250,7 @@ kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInf
     }
     std::string why;
     const int VS = vs ? vs : wy_auto_slice(pb, dev, why);
+    if (VS == 0) return refuse(want, why);
     if (auto s = wy_slice_can_implement(pb, dev, VS); !s.empty()) return refuse(want, s);
     fill_wy(pb, VS, out);
     out.reason =
@@ -256,13 +270,18 @@ kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInf
       }
       std::string why;
       const int VS = wy_auto_slice(pb, dev, why);
-      if (wy_slice_can_implement(pb, dev, VS).empty()) {
+      if (VS != 0) {
         fill_wy(pb, VS, out);
         out.reason = cat("wy, ", VS, "-column slices: ", shape_summary(pb), "; ", why,
                          "; not wy_transposed: ", t.empty() ? why_t : t);
         return KLA_SUCCESS;
       }
-      declined += cat("not wy: ", wy_slice_can_implement(pb, dev, VS), "; ");
+      if (t.empty()) {  // no [token][column] slice fits, the transposed scan does
+        fill_wy_transposed(pb, out);
+        out.reason = cat("wy_transposed: ", shape_summary(pb), "; not wy: ", why);
+        return KLA_SUCCESS;
+      }
+      declined += cat("not wy: ", why, "; not wy_transposed: ", t, "; ");
     } else {
       declined += cat("not wy: ", wy, "; ");
     }
@@ -281,8 +300,8 @@ kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInf
           want == KLA_PATH_AUTO && !declined.empty() ? "; " + trimmed(declined) : std::string());
       return KLA_SUCCESS;
     }
-    const std::string s = vs ? tf32_slice_can_implement(pb, dev, vs, 1)
-                             : "no value slice of 8, 16 or 32 columns fits the shared memory";
+    // The narrowest single-stage scan is the cheapest: its clause says why none runs.
+    const std::string s = tf32_slice_can_implement(pb, dev, vs ? vs : 8, 1);
     if (want == KLA_PATH_TF32) return refuse(want, s);
     declined += cat("not tf32: ", s, "; ");
   } else if (want == KLA_PATH_AUTO) {
