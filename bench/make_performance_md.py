@@ -133,14 +133,16 @@ def main():
           "cannot keep up, host time is part of the measurement, as it is for a user: FLA launches "
           "several Triton kernels per call through Python, and its nearly flat times at "
           "T <= 8192 suggest a host cost of about 0.4-0.6 ms per call. Our call is one ctypes "
-          "call into the C ABI.")
+          "call into the C ABI. Plan = the path and value slice the library's plan chose for "
+          "the call (kla_plan_chunk_forward; docs/architecture.md).")
         w("")
-        w("| B×T×H | K, V | dtype | ours | FLA | FLA+β | ratio | floor | ours % floor | "
+        w("| B×T×H | K, V | dtype | plan | ours | FLA | FLA+β | ratio | floor | ours % floor | "
           "FLA % floor | rel RMS |")
-        w("|---|---|---|---|---|---|---|---|---|---|---|")
+        w("|---|---|---|---|---|---|---|---|---|---|---|---|")
         main_rows = [r for r in sbs["prefill"] if not r.get("sweep")]
         for r in main_rows:
             w(f"| {r['B']}×{r['T']}×{r['H']} | {r['K']}, {r['V']} | {r['dtype']} | "
+              f"{r.get('plan', '–')} | "
               f"{f(r.get('ours'), '.3f')} | {f(r.get('fla'), '.3f')} | "
               f"{f(r.get('fla_beta'), '.3f')} | {f(r.get('ratio'), '.2f')} | {r['floor']:.3f} | "
               f"{f(r.get('ours_frac'), '.1%')} | {f(r.get('fla_frac'), '.1%')} | "
