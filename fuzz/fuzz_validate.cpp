@@ -210,7 +210,9 @@ Verdict independent(const kla_params& p, const HostArrays& a) {
   if (HV % H != 0) return KLA_INVALID();
   for (std::int64_t d : {K, V})
     if (d < 16 || d > 256 || d % 16 != 0) return KLA_INVALID();
-  if (T > std::numeric_limits<std::int32_t>::max()) return KLA_INVALID();
+  // The kernels index sequences, tokens and heads with 32-bit integers.
+  for (std::int64_t n : {B, T, H, HV})
+    if (n > std::numeric_limits<std::int32_t>::max()) return KLA_INVALID();
   for (const void* t : {p.q, p.k, p.v, static_cast<const void*>(p.o)})
     if (!t || !aligned(t, 16)) return KLA_INVALID();
   const int elem = dt == 0 ? 4 : 2;
@@ -239,7 +241,8 @@ Verdict independent(const kla_params& p, const HostArrays& a) {
   std::int64_t N = B;
   if (bool(p.cu_seqlens) != bool(p.cu_seqlens_host)) return KLA_INVALID();
   if (p.cu_seqlens) {
-    if (B != 1 || p.num_seqs <= 0) return KLA_INVALID();
+    if (B != 1 || p.num_seqs <= 0 || p.num_seqs > std::numeric_limits<std::int32_t>::max())
+      return KLA_INVALID();
     N = p.num_seqs;
     const std::int32_t* cu = p.cu_seqlens_host;
     if (cu[0] != 0 || cu[N] != T) return KLA_INVALID();
@@ -250,7 +253,9 @@ Verdict independent(const kla_params& p, const HostArrays& a) {
   if (state_bytes > lim) addressable = false;
   if (p.state_pool) {
     if (p.initial_state || p.final_state) return KLA_INVALID();
-    if (!aligned(p.state_pool, 16) || p.pool_size <= 0) return KLA_INVALID();
+    if (!aligned(p.state_pool, 16) || p.pool_size <= 0 ||
+        p.pool_size > std::numeric_limits<std::int32_t>::max())
+      return KLA_INVALID();
     if (!p.state_indices || !p.state_indices_host) return KLA_INVALID();
     if (mul(mul(mul(p.pool_size, HV), K * V), 4) > lim) addressable = false;
     std::unordered_set<std::int32_t> seen;

@@ -132,6 +132,32 @@ TEST(Validate, NonPositiveSizes) {
     }
 }
 
+// The kernels index sequences, tokens and heads with 32-bit integers: a larger size is refused,
+// never narrowed (batch = 2^32 + 1 used to pass and run as batch 1).
+TEST(Validate, SizesTheKernelsNarrow) {
+  const int64_t big = (int64_t(1) << 32) + 1;
+  {
+    Fixture f;
+    f.p.batch = big;
+    expect_rejected(f, KLA_ERROR_INVALID_SIZE, "batch = 4294967297 exceeds 2^31-1");
+  }
+  {
+    Fixture f;
+    f.p.num_heads = f.p.num_v_heads = big;
+    expect_rejected(f, KLA_ERROR_INVALID_SIZE, "num_heads = 4294967297 exceeds 2^31-1");
+  }
+  {
+    Fixture f;
+    f.p.num_heads = 1, f.p.num_v_heads = big;
+    expect_rejected(f, KLA_ERROR_INVALID_SIZE, "num_v_heads = 4294967297 exceeds 2^31-1");
+  }
+  {
+    Fixture f;
+    f.p.seq_len = big;
+    expect_rejected(f, KLA_ERROR_INVALID_SIZE, "seq_len = 4294967297 exceeds 2^31-1");
+  }
+}
+
 TEST(Validate, GroupedHeadsMustDivide) {
   Fixture f;
   f.p.num_v_heads = 3;
@@ -278,6 +304,12 @@ TEST(Validate, CuSeqlens) {
     f.p.num_seqs = 0;
     expect_rejected(f, KLA_ERROR_INVALID_SIZE, "num_seqs");
   }
+  {  // sequences are indexed with 32-bit integers (refused before cu_seqlens_host is read)
+    Fixture f;
+    varlen(f, {0, 4, 10});
+    f.p.num_seqs = int64_t(1) << 31;
+    expect_rejected(f, KLA_ERROR_INVALID_SIZE, "num_seqs = 2147483648 exceeds 2^31-1");
+  }
 }
 
 TEST(Validate, StatePool) {
@@ -311,6 +343,11 @@ TEST(Validate, StatePool) {
     Fixture f;
     pooled(f, {0, 1}, 0);
     expect_rejected(f, KLA_ERROR_INVALID_SIZE, "pool_size");
+  }
+  {  // pool rows are indexed by int32 state_indices
+    Fixture f;
+    pooled(f, {0, 1}, int64_t(1) << 31);
+    expect_rejected(f, KLA_ERROR_INVALID_SIZE, "pool_size = 2147483648 exceeds 2^31-1");
   }
   {
     Fixture f;

@@ -211,7 +211,14 @@ kla_status kla_validate(const kla_params* p) {
   if (!head_dim_ok(V))
     return fail(KLA_ERROR_UNSUPPORTED_HEAD_DIM,
                 cat("head_dim_v = ", V, " is not a multiple of 16 in [16, 256]"));
-  if (T > INT32_MAX) return fail(KLA_ERROR_INVALID_SIZE, cat("seq_len = ", T, " exceeds 2^31-1"));
+  // The kernels index sequences, tokens and heads with 32-bit integers (KernelParams).
+  const struct {
+    const char* name;
+    int64_t value;
+  } narrowed[] = {{"batch", B}, {"seq_len", T}, {"num_heads", H}, {"num_v_heads", HV}};
+  for (const auto& s : narrowed)
+    if (s.value > INT32_MAX)
+      return fail(KLA_ERROR_INVALID_SIZE, cat(s.name, " = ", s.value, " exceeds 2^31-1"));
 
   const struct {
     const char* name;
@@ -259,6 +266,8 @@ kla_status kla_validate(const kla_params* p) {
       return fail(KLA_ERROR_SHAPE_MISMATCH, cat("cu_seqlens needs batch = 1, got batch = ", B));
     if (p->num_seqs <= 0)
       return fail(KLA_ERROR_INVALID_SIZE, cat("num_seqs = ", p->num_seqs, " must be positive"));
+    if (p->num_seqs > INT32_MAX)
+      return fail(KLA_ERROR_INVALID_SIZE, cat("num_seqs = ", p->num_seqs, " exceeds 2^31-1"));
     N = p->num_seqs;
     const int32_t* cu = p->cu_seqlens_host;
     if (cu[0] != 0)
@@ -287,6 +296,8 @@ kla_status kla_validate(const kla_params* p) {
       return fail(KLA_ERROR_MISALIGNED, "state_pool is not 16-byte aligned");
     if (p->pool_size <= 0)
       return fail(KLA_ERROR_INVALID_SIZE, cat("pool_size = ", p->pool_size, " must be positive"));
+    if (p->pool_size > INT32_MAX)  // state_indices are int32
+      return fail(KLA_ERROR_INVALID_SIZE, cat("pool_size = ", p->pool_size, " exceeds 2^31-1"));
     int64_t pool_bytes = 0;
     if (__builtin_mul_overflow(row_bytes, p->pool_size, &pool_bytes))
       return fail(KLA_ERROR_INVALID_SIZE,
