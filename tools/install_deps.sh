@@ -7,7 +7,7 @@ pkgs=(
   libeigen3-dev libboost1.81-dev libgmp-dev libmpfr-dev
   librapidcheck-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libfuzzer-14-dev libclang-rt-14-dev clang-format
-  python3 python3-matplotlib
+  python3 python3-matplotlib python3-numpy
 )
 missing=()
 for p in "${pkgs[@]}"; do
