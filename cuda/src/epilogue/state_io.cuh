@@ -43,6 +43,22 @@ __device__ __forceinline__ void store_state_fragments(float* out, int V, int r0,
     }
 }
 
+/// The transposed scan's state S^T (kPanels m64n64 accumulators of warp w) from the [KD, V] slice
+/// at `in`, columns c0..; zeros for keys past KD, and everywhere when `in` is null (no state) or
+/// the warp holds no state (`holds` false).
+template <int KD, int kPanels>
+__device__ __forceinline__ void load_state_transposed(float (*sT)[32], bool holds, const float* in,
+                                                      int V, int c0, int warp, int g, int t4) {
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int key = 64 * pn + 8 * (i >> 2) + 2 * t4 + (i & 1),
+                col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
+      sT[pn][i] = holds && in && key < KD ? in[int64_t(key) * V + col] : 0.f;
+    }
+}
+
 /// The transposed scan's state S^T (kPanels m64n64 accumulators of warp w, rows scaled by
 /// 2^s = sig[row half]) into the [KD, V] slice at `out`, columns c0.. (keys past KD skipped).
 template <int KD, int kPanels>

@@ -122,14 +122,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
   // element 4 nb + 2 hr + e of panel pn is value column c0 + 16 w + g + 8 hr, key 64 pn + 8 nb +
   // 2 t4 + e (keys past KD stay zero: their K columns are zero).
   float sT[kPanels][32];
-#pragma unroll
-  for (int pn = 0; pn < kPanels; ++pn)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int key = 64 * pn + 8 * (i >> 2) + 2 * t4 + (i & 1),
-                col = c0 + 16 * warp + g + 8 * ((i >> 1) & 1);
-      sT[pn][i] = chain && slot.in && key < KD ? slot.in[int64_t(key) * V + col] : 0.f;
-    }
+  load_state_transposed<KD, kPanels>(sT, chain, slot.in, V, c0, warp, g, t4);
   // S^T split into hi + lo as the register A fragments of K S | Q S (k-step ks: keys 16 ks..),
   // made for chunk ch + 1 as soon as chunk ch's update lands, before the stage wait and the chunk
   // barrier rather than after them (docs/prefill_notes.md, 'Design decisions').
