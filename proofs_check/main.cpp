@@ -1,10 +1,12 @@
 // proofs_check: runs every statement of SPEC §2 as a RapidCheck property over exact rationals
 // and prints a table (id, paper reference, cases, result; for a failure the shrunk
 // counterexample and how to reproduce it). With --mutants it plants each fault of
-// kla/ref/mutants.hpp in turn and requires that at least one statement rejects it.
+// kla/ref/mutants.hpp in turn, runs every statement against it and prints the matrix (mutant x
+// statement) and, per statement, whether it rejects a mutant of its own (ownership() below).
+// RapidCheck's own reporting is silenced there: the matrix is the only output.
 //
-// Exit status: 0 when every selected statement holds (or every mutant is caught), 1 otherwise,
-// 2 on bad usage.
+// Exit status: 0 when every selected statement holds (with --mutants: every mutant is caught
+// and every statement rejects one of its own), 1 otherwise, 2 on bad usage.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -29,6 +31,7 @@ using kla::proofs::Statement;
 
 struct Options {
   std::set<std::string> only;
+  std::set<std::string> skip;
   int cases = 100;
   std::uint64_t seed = 0;
   bool seed_given = false;
@@ -37,12 +40,16 @@ struct Options {
 };
 
 void usage(std::ostream& os) {
-  os << "usage: proofs_check [--list] [--only ID]... [--cases N] [--seed S] [--mutants]\n"
+  os << "usage: proofs_check [--list] [--only ID]... [--skip ID]... [--cases N] [--seed S] "
+        "[--mutants]\n"
         "  --list       print the statement ids and exit\n"
         "  --only ID    run only this statement (repeatable)\n"
+        "  --skip ID    leave this statement out (repeatable; with --mutants: as if its check\n"
+        "               were deleted, every mutant must still be caught by the others)\n"
         "  --cases N    random cases per statement (default 100, times $KLA_PROOFS_SCALE)\n"
         "  --seed S     RapidCheck seed (default: random, printed)\n"
-        "  --mutants    plant each fault and require some statement to reject it\n";
+        "  --mutants    plant each fault, run every statement against it, print the matrix;\n"
+        "               requires every fault rejected and every statement to reject its own\n";
 }
 
 struct Outcome {
@@ -120,28 +127,209 @@ int run_statements(const Options& opt, const std::vector<const Statement*>& sel)
   return failed ? 1 : 0;
 }
 
+#ifdef KLA_REF_MUTANTS
+using kla::ref::Mutant;
+
+/// Which planted faults are each statement's own: the mutants aimed at that statement's claim,
+/// planted in the code path its property exercises. `--mutants` requires every statement to
+/// reject at least one of its own (so deleting or weakening its check shows), and every mutant
+/// to be rejected by some statement. The four gross mutants of SPEC §2 belong to no statement.
+/// proofs_check/README.md shows the matrix and which own mutants only their owner rejects.
+struct Ownership {
+  const char* id;
+  const char* column;  ///< short column label of the matrix
+  std::vector<Mutant> own;
+};
+
+const std::vector<Ownership>& ownership() {
+  static const std::vector<Ownership> table = {
+      {"ext.diagonal_gating", "diag", {Mutant::gate_channel_reversed}},
+      {"ours.normalized_key", "nkey", {Mutant::value_unnormalized}},
+      {"prop1.proximal", "prx1", {Mutant::proximal_mu}},
+      {"prop2.contraction", "ctr2", {Mutant::contraction_eps_dropped}},
+      {"prop3.chunk_system", "sys3", {Mutant::chunk_mask_upper, Mutant::chunk_beta_right}},
+      {"prop4.chunk_output",
+       "out4",
+       {Mutant::readout_scale_ignored, Mutant::chunk_out_strict_mask}},
+      {"remark.decay_agnostic",
+       "dagn",
+       {Mutant::projection_residual_sign, Mutant::decay_after_update}},
+      {"thm1.constraint", "cons", {Mutant::residual_undecayed}},
+      {"thm1.lagrange", "lagr", {Mutant::multiplier_sign}},
+      {"thm1.line_search", "line", {Mutant::loss_half_dropped, Mutant::trace_residual_sign}},
+      {"thm1.normalized_sgd", "nsgd", {Mutant::gradient_sign}},
+      {"thm1.projection", "proj", {Mutant::project_undecayed}},
+      {"wy.H", "wyH", {Mutant::wy_H_undecayed}},
+      {"wy.P", "wyP", {Mutant::wy_P_sum_range}},
+  };
+  return table;
+}
+
+const Ownership* owner_entry(const std::string& id) {
+  for (const auto& o : ownership())
+    if (id == o.id) return &o;
+  return nullptr;
+}
+
+bool is_gross(Mutant m) {
+  return std::find(kla::ref::gross_mutants.begin(), kla::ref::gross_mutants.end(), m) !=
+         kla::ref::gross_mutants.end();
+}
+
+/// The statement that owns `m`, or nullptr (gross, or not in the table).
+const Ownership* owner_of(Mutant m) {
+  for (const auto& o : ownership())
+    if (std::find(o.own.begin(), o.own.end(), m) != o.own.end()) return &o;
+  return nullptr;
+}
+
+/// Listens to nothing: the mutant run reports through its matrix only, not through RapidCheck's
+/// global listener (whose exit banner "properties had failures" would read as a failure).
+class SilentListener : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
+enum class Verdict { holds, rejects, error };
+
+/// Runs one statement with no shrinking and no RapidCheck output.
+Verdict run_silent(const Statement& s, const Options& opt) {
+  rc::detail::TestParams params;
+  params.seed = opt.seed;
+  params.maxSuccess = opt.cases;
+  params.maxSize = 100;
+  params.disableShrinking = true;
+  rc::detail::TestMetadata meta;
+  meta.id = s.id;
+  meta.description = s.id;
+  SilentListener listener;
+  const auto result =
+      rc::detail::checkProperty(rc::detail::toProperty(s.property), meta, params, listener, {});
+  if (result.template is<rc::detail::SuccessResult>()) return Verdict::holds;
+  if (result.template is<rc::detail::FailureResult>()) return Verdict::rejects;
+  return Verdict::error;  // gave up or a RapidCheck error: neither holds nor rejects
+}
+
+/// Sends std::cerr nowhere while alive (RapidCheck prints its configuration there on first use).
+class MuteStderr {
+ public:
+  MuteStderr() : saved_(std::cerr.rdbuf(nullptr)) {}
+  ~MuteStderr() { std::cerr.rdbuf(saved_); }
+  MuteStderr(const MuteStderr&) = delete;
+  MuteStderr& operator=(const MuteStderr&) = delete;
+
+ private:
+  std::streambuf* saved_;
+};
+#endif
+
 int run_mutants(const Options& opt, const std::vector<const Statement*>& sel) {
 #ifdef KLA_REF_MUTANTS
-  std::cout << "kla proofs_check --mutants: each planted fault must be rejected by some "
-               "statement (seed "
-            << opt.seed << ")\n\n";
-  int survived = 0;
-  for (const auto m : kla::ref::all_mutants) {
-    kla::ref::active_mutant() = m;
-    std::vector<std::string> killers;
-    for (const Statement* s : sel)
-      if (!run(*s, opt, true).passed) killers.push_back(s->id);
-    kla::ref::active_mutant() = kla::ref::Mutant::none;
-    std::cout << std::left << std::setw(20) << kla::ref::mutant_name(m)
-              << (killers.empty() ? "SURVIVED" : "rejected by");
-    for (const auto& k : killers) std::cout << " " << k;
-    std::cout << std::endl;
-    survived += killers.empty();
+  const auto t0 = std::chrono::steady_clock::now();
+  // The ownership table must name real statements and non-gross mutants, each mutant once.
+  for (const auto& o : ownership()) {
+    bool known = false;
+    for (const auto& s : registry()) known |= s.id == o.id;
+    if (!known) {
+      std::cerr << "proofs_check: ownership table names no statement '" << o.id << "'\n";
+      return 2;
+    }
+    for (const auto m : o.own)
+      if (is_gross(m) || owner_of(m) != &o) {
+        std::cerr << "proofs_check: mutant " << kla::ref::mutant_name(m)
+                  << " is gross or owned twice\n";
+        return 2;
+      }
   }
+  for (const auto m : kla::ref::all_mutants)
+    if (!is_gross(m) && !owner_of(m)) {
+      std::cerr << "proofs_check: mutant " << kla::ref::mutant_name(m) << " has no owner\n";
+      return 2;
+    }
+  // Every mutant must be caught, also with --skip (which stands for a deleted check). With --only
+  // a mutant is required only where its owner runs; the others are shown for information.
+  const bool all_required = opt.only.empty();
+  auto selected = [&](const char* id) {
+    for (const Statement* s : sel)
+      if (s->id == id) return true;
+    return false;
+  };
+
+  std::cout << "kla proofs_check --mutants: " << kla::ref::all_mutants.size()
+            << " planted faults x " << sel.size() << " statements, " << opt.cases
+            << " cases each, seed " << opt.seed << "\n\n";
+  std::vector<std::string> col;
+  for (const Statement* s : sel) {
+    const Ownership* o = owner_entry(s->id);
+    col.push_back(o ? o->column : s->id.substr(0, 4));
+  }
+  const int name_w = 26, owner_w = 7, cell_w = 5;
+  std::cout << std::left << std::setw(name_w) << "mutant" << std::setw(owner_w) << "owner";
+  for (const auto& c : col) std::cout << std::setw(cell_w) << c;
+  std::cout << "caught by\n"
+            << std::string(name_w + owner_w + cell_w * col.size() + 9, '-') << "\n";
+
+  std::vector<int> own_rejected(sel.size(), 0);
+  int survived = 0, errors = 0;
+  for (const auto m : kla::ref::all_mutants) {
+    const Ownership* owner = owner_of(m);
+    std::vector<Verdict> v;
+    {
+      const MuteStderr mute;
+      kla::ref::active_mutant() = m;
+      for (const Statement* s : sel) v.push_back(run_silent(*s, opt));
+      kla::ref::active_mutant() = Mutant::none;
+    }
+    int caught = 0;
+    std::cout << std::left << std::setw(name_w) << kla::ref::mutant_name(m) << std::setw(owner_w)
+              << (owner ? owner->column : "gross");
+    for (size_t i = 0; i < sel.size(); ++i) {
+      const bool own = owner && sel[i]->id == owner->id;
+      const char* mark = v[i] == Verdict::error     ? "?"
+                         : v[i] == Verdict::rejects ? (own ? "X" : "x")
+                                                    : (own ? "o" : ".");
+      std::cout << std::setw(cell_w) << mark;
+      caught += v[i] == Verdict::rejects;
+      errors += v[i] == Verdict::error;
+      if (own && v[i] == Verdict::rejects) ++own_rejected[i];
+    }
+    const bool required = all_required || (owner && selected(owner->id));
+    if (caught)
+      std::cout << caught;
+    else
+      std::cout << (required ? "SURVIVED" : "0 (not required)");
+    std::cout << std::endl;
+    survived += required && !caught;
+  }
+  std::cout << "\nX rejects its own mutant, x rejects another, . holds, o misses its own, ? gave "
+               "up or errored\n\n";
+
+  int without_own = 0;
+  std::cout << std::left << std::setw(24) << "statement" << std::setw(6) << "col" << std::setw(50)
+            << "own mutants"
+            << "rejects its own mutant\n"
+            << std::string(24 + 6 + 50 + 22, '-') << "\n";
+  for (size_t i = 0; i < sel.size(); ++i) {
+    const Ownership* o = owner_entry(sel[i]->id);
+    std::string own;
+    if (o)
+      for (const auto m : o->own)
+        own += (own.empty() ? "" : ", ") + std::string(kla::ref::mutant_name(m));
+    std::cout << std::setw(24) << sel[i]->id << std::setw(6) << col[i] << std::setw(50)
+              << (o ? own : "(none in the table)") << (own_rejected[i] ? "yes" : "NO") << std::endl;
+    without_own += own_rejected[i] == 0;
+  }
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << "\n"
-            << (kla::ref::all_mutants.size() - survived) << " passed, " << survived << " failed"
+            << kla::ref::all_mutants.size() << " mutants: " << survived << " survived; "
+            << sel.size() << " statements: " << without_own << " reject none of their own"
+            << (errors ? "; " + std::to_string(errors) + " runs gave up or errored" : "") << "  ("
+            << std::fixed << std::setprecision(1) << sec << " s)\n"
+            << (survived || without_own || errors ? "mutant check FAILED" : "mutant check passed")
             << std::endl;
-  return survived ? 1 : 0;
+  return survived || without_own || errors ? 1 : 0;
 #else
   (void)opt;
   (void)sel;
@@ -166,6 +354,8 @@ int main(int argc, char** argv) {
     try {
       if (a == "--only")
         opt.only.insert(value("--only"));
+      else if (a == "--skip")
+        opt.skip.insert(value("--skip"));
       else if (a == "--cases")
         opt.cases = std::stoi(value("--cases"));
       else if (a == "--seed") {
@@ -200,11 +390,13 @@ int main(int argc, char** argv) {
 
   std::vector<const Statement*> sel;
   for (const auto& s : registry())
-    if (opt.only.empty() || opt.only.count(s.id)) sel.push_back(&s);
+    if ((opt.only.empty() || opt.only.count(s.id)) && !opt.skip.count(s.id)) sel.push_back(&s);
   // Registration order depends on how the files were batched; print in id order.
   std::sort(sel.begin(), sel.end(),
             [](const Statement* a, const Statement* b) { return a->id < b->id; });
-  for (const auto& id : opt.only) {
+  std::set<std::string> named = opt.only;
+  named.insert(opt.skip.begin(), opt.skip.end());
+  for (const auto& id : named) {
     bool found = false;
     for (const auto& s : registry()) found |= s.id == id;
     if (!found) {

@@ -45,6 +45,18 @@ ChunkSystem<T> chunk_system(const HeadInputs<T>& in, const Options<T>& opt, cons
     const Vec<T> pred = S0.transpose() * gam(i, 0).cwiseProduct(ki);
     sys.rhs.row(i - 1) = (beta * (in.v.row(start + i - 1).transpose() - pred)).transpose();
   }
+  if (active_mutant() == Mutant::chunk_mask_upper || active_mutant() == Mutant::chunk_beta_right)
+    for (Eigen::Index i = 1; i <= len; ++i)
+      for (Eigen::Index j = 1; j <= len; ++j) {
+        const Vec<T> ki = in.k.row(start + i - 1).transpose();
+        const Vec<T> kj = in.k.row(start + j - 1).transpose();
+        // Planted faults: no causal mask above the diagonal (β_i k_iᵀk_j there; forward
+        // substitution never reads it), or B multiplied on the right (β_j below the diagonal).
+        if (active_mutant() == Mutant::chunk_mask_upper && j > i)
+          sys.matrix(i - 1, j - 1) = sys.beta(i - 1) * ki.dot(kj);
+        if (active_mutant() == Mutant::chunk_beta_right && j < i)
+          sys.matrix(i - 1, j - 1) = sys.beta(j - 1) * weighted_dot<T>(ki, gam(i, j), kj);
+      }
   return sys;
 }
 
@@ -68,10 +80,12 @@ void chunk_step(const HeadInputs<T>& in, const Options<T>& opt, Eigen::Index sta
   const DecayTable<T> gam(in, start, len);
   const ChunkSystem<T> sys = chunk_system(in, opt, state, start, len, gam);
   const Mat<T> U = forward_substitution(sys.matrix, sys.rhs);
+  // The planted output-mask fault leaves the diagonal (j = i) out of A.
+  const Eigen::Index diag = active_mutant() == Mutant::chunk_out_strict_mask ? 0 : 1;
   for (Eigen::Index i = 1; i <= len; ++i) {
     const Vec<T> qi = in.q.row(start + i - 1).transpose();
     Vec<T> oi = state.transpose() * gam(i, 0).cwiseProduct(qi);
-    for (Eigen::Index j = 1; j <= i; ++j)
+    for (Eigen::Index j = 1; j < i + diag; ++j)
       oi += weighted_dot<T>(qi, gam(i, j), in.k.row(start + j - 1).transpose()) *
             U.row(j - 1).transpose();
     o.row(start + i - 1) = (oi * readout_scale(qi, opt)).transpose();
@@ -79,6 +93,13 @@ void chunk_step(const HeadInputs<T>& in, const Options<T>& opt, Eigen::Index sta
   Mat<T> next = gam(len, 0).asDiagonal() * state;
   for (Eigen::Index j = 1; j <= len; ++j)
     next += gam(len, j).cwiseProduct(in.k.row(start + j - 1).transpose()) * U.row(j - 1);
+  if (active_mutant() == Mutant::gate_channel_reversed) {
+    // Planted fault: the carried state reads the per-channel decay in reverse channel order.
+    next = Vec<T>(gam(len, 0).reverse()).asDiagonal() * state;
+    for (Eigen::Index j = 1; j <= len; ++j)
+      next += Vec<T>(gam(len, j).reverse()).cwiseProduct(in.k.row(start + j - 1).transpose()) *
+              U.row(j - 1);
+  }
   state = std::move(next);
 }
 

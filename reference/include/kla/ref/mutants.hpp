@@ -1,7 +1,14 @@
 // Test-only fault injection. The proof checks must be able to fail: with KLA_REF_MUTANTS
-// defined, a global switch plants one of the faults of SPEC §2 into the reference, and the
-// `proofs.mutants` test demands that some property rejects each of them. Without the macro
-// the switch is a compile-time constant and costs nothing.
+// defined, a global switch plants one fault into the reference, and `proofs_check --mutants`
+// (ctest proofs.mutants) runs every statement against every fault. Without the macro the switch
+// is a compile-time constant and every hook folds away.
+//
+// Two kinds of fault. The four of SPEC §2 are gross: they break the coefficient or the decay
+// bookkeeping that nearly every statement goes through. The others are each aimed at one
+// statement's own claim (a projection, a multiplier, μ, a contraction factor, the chunk system,
+// a WY sum, a read-out, a key normalisation...), planted where that claim's code path runs, so
+// that deleting or weakening that statement's check shows: proofs_check/main.cpp's ownership
+// table says which statement owns which fault, proofs_check/README.md shows the matrix.
 #pragma once
 
 #include <array>
@@ -11,14 +18,47 @@ namespace kla::ref {
 
 enum class Mutant {
   none,
+  // SPEC §2 (gross).
   gdn_coefficient,   ///< β = η (GDN) where Kaczmarz asks for η/(‖k‖²+ε)
   eps_dropped,       ///< β = η/‖k‖²
   gamma_off_by_one,  ///< decay ratio γ_i/γ_j taken over tokens j..i instead of j+1..i
   nonstrict_mask,    ///< chunk system uses A (diagonal included) instead of A⁻
+  // Aimed at one statement each (the owner is in proofs_check/main.cpp).
+  residual_undecayed,   ///< token_step: e = v − Sᵀk read before the decay, S̃ + βk eᵀ
+  project_undecayed,    ///< token_step: S + βk(v − Sᵀk)ᵀ, the projection of S, not of S̃
+  multiplier_sign,      ///< token_step: S̃ − βk eᵀ (multiplier λ = +e/‖k‖²)
+  decay_after_update,   ///< token_step: D(S + βk(v − Sᵀk)ᵀ), the decay after the write
+  loss_half_dropped,    ///< token_loss: ‖Sᵀk − v‖² without the ½
+  trace_residual_sign,  ///< token_step's trace reports S̃ᵀk − v as the residual
+  gradient_sign,        ///< token_loss_gradient: k(v − Sᵀk)ᵀ
+  projection_residual_sign,  ///< exact_projection: S̃ − k eᵀ/‖k‖²
+  proximal_mu,               ///< proximal_weight: μ = η/(‖k‖²+ε) (the Kaczmarz β)
+  contraction_eps_dropped,   ///< contraction_factor: 1 − η (‖k‖²/(‖k‖²+ε) taken as 1)
+  chunk_mask_upper,          ///< chunk system: causal mask missing above the diagonal
+  chunk_beta_right,          ///< chunk system: I + (A⁻∘KKᵀ)B, β_j instead of β_i
+  chunk_out_strict_mask,     ///< chunk output: (A⁻∘QKᵀ)U, the diagonal j = i left out
+  readout_scale_ignored,     ///< read-out o = Sᵀq, opt.scale ignored (both forms)
+  gate_channel_reversed,     ///< chunk state carry: per-channel γ_C/γ_j in reverse channel order
+  wy_P_sum_range,            ///< wy_P: Σ over r < i instead of r ≤ i
+  wy_H_undecayed,            ///< wy_H: Σ k_r u_rᵀ without the decay ratio Γ(i,r)
+  value_unnormalized,        ///< normalize_keys_with: k̂ = k/r but v̂ = v (not v/r)
 };
 
-inline constexpr std::array<Mutant, 4> all_mutants = {
+inline constexpr std::array<Mutant, 4> gross_mutants = {
     Mutant::gdn_coefficient, Mutant::eps_dropped, Mutant::gamma_off_by_one, Mutant::nonstrict_mask};
+
+inline constexpr std::array<Mutant, 22> all_mutants = {
+    Mutant::gdn_coefficient,       Mutant::eps_dropped,
+    Mutant::gamma_off_by_one,      Mutant::nonstrict_mask,
+    Mutant::residual_undecayed,    Mutant::project_undecayed,
+    Mutant::multiplier_sign,       Mutant::decay_after_update,
+    Mutant::loss_half_dropped,     Mutant::trace_residual_sign,
+    Mutant::gradient_sign,         Mutant::projection_residual_sign,
+    Mutant::proximal_mu,           Mutant::contraction_eps_dropped,
+    Mutant::chunk_mask_upper,      Mutant::chunk_beta_right,
+    Mutant::chunk_out_strict_mask, Mutant::readout_scale_ignored,
+    Mutant::gate_channel_reversed, Mutant::wy_P_sum_range,
+    Mutant::wy_H_undecayed,        Mutant::value_unnormalized};
 
 constexpr std::string_view mutant_name(Mutant m) {
   switch (m) {
@@ -27,6 +67,24 @@ constexpr std::string_view mutant_name(Mutant m) {
     case Mutant::eps_dropped: return "eps_dropped";
     case Mutant::gamma_off_by_one: return "gamma_off_by_one";
     case Mutant::nonstrict_mask: return "nonstrict_mask";
+    case Mutant::residual_undecayed: return "residual_undecayed";
+    case Mutant::project_undecayed: return "project_undecayed";
+    case Mutant::multiplier_sign: return "multiplier_sign";
+    case Mutant::decay_after_update: return "decay_after_update";
+    case Mutant::loss_half_dropped: return "loss_half_dropped";
+    case Mutant::trace_residual_sign: return "trace_residual_sign";
+    case Mutant::gradient_sign: return "gradient_sign";
+    case Mutant::projection_residual_sign: return "projection_residual_sign";
+    case Mutant::proximal_mu: return "proximal_mu";
+    case Mutant::contraction_eps_dropped: return "contraction_eps_dropped";
+    case Mutant::chunk_mask_upper: return "chunk_mask_upper";
+    case Mutant::chunk_beta_right: return "chunk_beta_right";
+    case Mutant::chunk_out_strict_mask: return "chunk_out_strict_mask";
+    case Mutant::readout_scale_ignored: return "readout_scale_ignored";
+    case Mutant::gate_channel_reversed: return "gate_channel_reversed";
+    case Mutant::wy_P_sum_range: return "wy_P_sum_range";
+    case Mutant::wy_H_undecayed: return "wy_H_undecayed";
+    case Mutant::value_unnormalized: return "value_unnormalized";
   }
   return "?";
 }

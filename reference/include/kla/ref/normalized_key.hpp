@@ -3,6 +3,7 @@
 // supplies r (pick r rational and set ε = r² − ‖k‖²); otherwise r is computed with sqrt_of.
 #pragma once
 
+#include "kla/ref/mutants.hpp"
 #include "kla/ref/types.hpp"
 
 namespace kla::ref {
@@ -22,6 +23,7 @@ HeadInputs<T> normalize_keys_with(const HeadInputs<T>& in, const Vec<T>& r) {
     }
     if (!(r(t) > T(0))) throw std::invalid_argument("kla::ref: key norms must be >= 0");
     out.k.row(t) /= r(t);
+    if (active_mutant() == Mutant::value_unnormalized) continue;  // planted fault: v̂ = v
     out.v.row(t) /= r(t);
   }
   return out;

@@ -3,6 +3,7 @@
 // and the residual contraction factor. All routines are exact over Rational.
 #pragma once
 
+#include "kla/ref/mutants.hpp"
 #include "kla/ref/recurrence.hpp"
 
 namespace kla::ref {
@@ -10,12 +11,14 @@ namespace kla::ref {
 /// L(S) = ½‖Sᵀk − v‖² (Section 2).
 template <class T>
 T token_loss(const Mat<T>& S, const Vec<T>& k, const Vec<T>& v) {
+  if (active_mutant() == Mutant::loss_half_dropped) return T((S.transpose() * k - v).squaredNorm());
   return T((S.transpose() * k - v).squaredNorm() / T(2));
 }
 
 /// ∇L(S) = k (Sᵀk − v)ᵀ (Appendix A, part iii).
 template <class T>
 Mat<T> token_loss_gradient(const Mat<T>& S, const Vec<T>& k, const Vec<T>& v) {
+  if (active_mutant() == Mutant::gradient_sign) return k * (v - S.transpose() * k).transpose();
   return k * (S.transpose() * k - v).transpose();
 }
 
@@ -25,6 +28,8 @@ Mat<T> exact_projection(const Mat<T>& decayed, const Vec<T>& k, const Vec<T>& v)
   const T kk = k.squaredNorm();
   if (kk == T(0)) throw std::invalid_argument("kla::ref: projection onto Sᵀ0 = v is undefined");
   const Vec<T> e = v - decayed.transpose() * k;
+  if (active_mutant() == Mutant::projection_residual_sign)
+    return decayed - (k / kk) * e.transpose();
   return decayed + (k / kk) * e.transpose();
 }
 
@@ -35,6 +40,7 @@ T proximal_weight(const T& k_sqnorm, const T& eta, const T& eps) {
   const T denom = (T(1) - eta) * k_sqnorm + eps;
   if (!(denom > T(0)))
     throw std::invalid_argument("kla::ref: proximal weight needs (1-η)‖k‖²+ε > 0");
+  if (active_mutant() == Mutant::proximal_mu) return T(eta / (k_sqnorm + eps));
   return T(eta / denom);
 }
 
@@ -66,6 +72,7 @@ template <class T>
 T contraction_factor(const T& k_sqnorm, const T& eta, const T& eps) {
   const T denom = k_sqnorm + eps;
   if (denom == T(0)) return T(1);
+  if (active_mutant() == Mutant::contraction_eps_dropped) return T(T(1) - eta);
   return T(T(1) - eta * k_sqnorm / denom);
 }
 

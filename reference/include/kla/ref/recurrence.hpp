@@ -24,6 +24,7 @@ T coefficient(const T& k_sqnorm, const T& eta, const Options<T>& opt) {
 /// Read-out scale of a query: opt.scale, or 1/‖q‖ (0 for q = 0) in q_l2norm mode.
 template <class T>
 T readout_scale(const Vec<T>& q, const Options<T>& opt) {
+  if (active_mutant() == Mutant::readout_scale_ignored) return T(1);
   if (opt.readout == Readout::scale) return opt.scale;
   if constexpr (ScalarTraits<T>::has_transcendentals) {
     const T n = sqrt_of(T(q.squaredNorm()));
@@ -49,7 +50,22 @@ StepTrace<T> token_step(Mat<T>& S, const Vec<T>& alpha, const Vec<T>& k, const V
   tr.decayed = alpha.asDiagonal() * S;
   tr.residual = v - tr.decayed.transpose() * k;
   tr.beta = coefficient(T(k.squaredNorm()), eta, opt);
+  if (active_mutant() != Mutant::none) {  // planted faults (mutants.hpp), S not yet overwritten
+    const Vec<T> e_undecayed = v - S.transpose() * k;
+    if (active_mutant() == Mutant::residual_undecayed) tr.residual = e_undecayed;
+    if (active_mutant() == Mutant::multiplier_sign) {
+      S = tr.decayed - (tr.beta * k) * tr.residual.transpose();
+      return tr;
+    }
+    if (active_mutant() == Mutant::project_undecayed ||
+        active_mutant() == Mutant::decay_after_update) {
+      S += (tr.beta * k) * e_undecayed.transpose();
+      if (active_mutant() == Mutant::decay_after_update) S = alpha.asDiagonal() * S;
+      return tr;
+    }
+  }
   S = tr.decayed + (tr.beta * k) * tr.residual.transpose();
+  if (active_mutant() == Mutant::trace_residual_sign) tr.residual = -tr.residual;
   return tr;
 }
 

@@ -50,7 +50,9 @@ template <class T>
 Mat<T> wy_P(const HeadInputs<T>& in, Eigen::Index start, const WyFactors<T>& f,
             const DecayTable<T>& gam, Eigen::Index i) {
   Mat<T> P = gam(i, 0).asDiagonal();
-  for (Eigen::Index r = 1; r <= i; ++r)
+  // The planted sum-range fault stops one term short (r < i).
+  const Eigen::Index last = active_mutant() == Mutant::wy_P_sum_range ? i - 1 : i;
+  for (Eigen::Index r = 1; r <= last; ++r)
     P -= gam(i, r).cwiseProduct(in.k.row(start + r - 1).transpose()) * f.w.row(r - 1);
   return P;
 }
@@ -60,6 +62,10 @@ template <class T>
 Mat<T> wy_H(const HeadInputs<T>& in, Eigen::Index start, const WyFactors<T>& f,
             const DecayTable<T>& gam, Eigen::Index i) {
   Mat<T> H = Mat<T>::Zero(in.dk(), in.dv());
+  if (active_mutant() == Mutant::wy_H_undecayed) {  // planted fault: Γ(i,r) left out
+    for (Eigen::Index r = 1; r <= i; ++r) H += in.k.row(start + r - 1).transpose() * f.u.row(r - 1);
+    return H;
+  }
   for (Eigen::Index r = 1; r <= i; ++r)
     H += gam(i, r).cwiseProduct(in.k.row(start + r - 1).transpose()) * f.u.row(r - 1);
   return H;
