@@ -193,6 +193,22 @@ std::optional<kla_status> early_status(const kla_params& p) {
   return std::nullopt;
 }
 
+/// The workspace a call needs, from kla.h's documented layout alone (not the library's code): per
+/// 64-token chunk slot (fixed lengths: N * ceil(T / 64); packed: T / 64 + N) one record of 34048
+/// bytes a value head (T and P, 64 x 64 fp32 each, and 5 x 64 fp32 scalars), plus, for fp16 and
+/// for fp32 with fp32_math FAST at head_dim_k 64, 96 or 128, the chunk's K and Q split into bf16
+/// hi + lo: 2 x ceil(K / 64) x 64 x 128 bytes each, per key head. Head dims set (validated).
+i128 documented_workspace_size(const kla_params& p) {
+  const bool packed = p.cu_seqlens != nullptr;
+  const std::int64_t N = packed ? p.num_seqs : p.batch, T = p.seq_len, K = p.head_dim_k;
+  const i128 slots = packed ? i128(T / 64 + N) : mul(N, (T + 63) / 64);
+  const bool images =
+      (raw_enum(p.dtype) == 2 || (raw_enum(p.dtype) == 0 && raw_enum(p.fp32_math) == 1)) &&
+      (K == 64 || K == 96 || K == 128);
+  const i128 image = images ? i128(2 * ((K + 63) / 64) * 64 * 128) : 0;
+  return mul(slots, add(mul(p.num_v_heads, 34048), mul(2 * p.num_heads, image)));
+}
+
 Verdict independent(const kla_params& p, const HostArrays& a) {
   bool addressable = true;
   if (p.abi_version != KLA_ABI_VERSION || p.struct_size != sizeof(kla_params)) return KLA_INVALID();
@@ -269,8 +285,9 @@ Verdict independent(const kla_params& p, const HostArrays& a) {
   }
   if (p.initial_state && !aligned(p.initial_state, 16)) return KLA_INVALID();
   if (p.final_state && !aligned(p.final_state, 16)) return KLA_INVALID();
-  if (p.workspace && (!aligned(p.workspace, 16) || p.workspace_size < kla_workspace_size(&p)))
-    return KLA_INVALID();  // the documented rule: 16-byte aligned, >= kla_workspace_size(p)
+  if (p.workspace &&
+      (!aligned(p.workspace, 16) || i128(p.workspace_size) < documented_workspace_size(p)))
+    return KLA_INVALID();  // the documented rule: 16-byte aligned, at least the documented size
   if (addressable && p.initial_state && p.final_state &&
       static_cast<const void*>(p.initial_state) != static_cast<const void*>(p.final_state)) {
     const i128 x = i128(reinterpret_cast<std::uintptr_t>(p.initial_state));
@@ -552,6 +569,9 @@ int check(const kla_params& p, const HostArrays& a, bool built_valid) {
   if (st == KLA_SUCCESS && v == Verdict::invalid) die("accepted an invalid struct", p, s);
   if (st != KLA_SUCCESS && v == Verdict::valid) die("rejected a valid struct", p, s);
   if (built_valid && st != KLA_SUCCESS) die("rejected a struct valid by construction", p, s);
+  // The library's workspace size against kla.h's documented layout, computed independently.
+  if (st == KLA_SUCCESS && i128(kla_workspace_size(&p)) != documented_workspace_size(p))
+    die("kla_workspace_size differs from the documented layout", p, s);
   return s;
 }
 
