@@ -8,6 +8,7 @@ pkgs=(
   librapidcheck-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libfuzzer-14-dev libclang-rt-14-dev clang-format
   python3 python3-matplotlib python3-numpy
+  python3-venv
 )
 missing=()
 for p in "${pkgs[@]}"; do

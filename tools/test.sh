@@ -13,4 +13,7 @@ py_args=()
 [ -x /usr/bin/python3 ] && py_args=(-DPython3_EXECUTABLE=/usr/bin/python3)
 cmake --preset "$preset" "${py_args[@]}"
 cmake --build --preset "$preset"
+# The Python package's tests (tests/python, ctest python.pytest): a virtual environment on that
+# Python with torch and the package installed from this build (pip); default preset only.
+if [ "$preset" = default ]; then bash tests/python/setup_env.sh build; fi
 ctest --preset "$preset" "$@"

@@ -1,0 +1,66 @@
+"""int32 host and device copies of cu_seqlens and of state-pool indices, as the C ABI takes them.
+
+The library validates the host copy (cu_seqlens_host, state_indices_host) and its kernels read
+the device copy. Given on the CPU, the values need no synchronisation: the device copy is an
+asynchronous copy from pinned memory. Given on the device, the host copy costs one
+device-to-host copy (it waits for the stream), unless the caller also passes the host copy
+(cu_seqlens_cpu / ssm_state_indices_cpu). During CUDA-graph capture a device-to-host copy is
+impossible: then the values must come on the CPU. A CPU tensor captured in a graph is copied from
+a pinned buffer that is kept for the life of the process (one per distinct set of values), so the
+graph bakes those values in: every replay uses the captured values.
+"""
+import threading
+
+import torch
+
+_baked = {}  # (name, values) -> pinned int32 CPU tensor read by captured copies; never freed
+_baked_lock = threading.Lock()
+
+
+def _capturing():
+    return torch.cuda.is_current_stream_capturing()
+
+
+def _host_int32(t, name):
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"kla: {name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"kla: {name} must be 1-d, got shape {tuple(t.shape)}")
+    return t.to(torch.int32).contiguous() if t.dtype != torch.int32 else t.contiguous()
+
+
+def host_and_device(t, t_cpu, device, name):
+    """(host int32 CPU tensor, device int32 tensor on `device`) for `t` (CPU or CUDA, int32 or
+    int64), using `t_cpu` (the same values on the CPU) as the host copy where given."""
+    if t.device.type == "cpu":
+        host = _host_int32(t, name)
+        if device.type != "cuda":  # tests that build params on the CPU: no device copy
+            return host, host
+        if _capturing():
+            key = (name, tuple(host.tolist()))
+            with _baked_lock:
+                pinned = _baked.get(key)
+                if pinned is None:
+                    pinned = _baked[key] = host.pin_memory()
+            dev = torch.empty(host.shape, dtype=torch.int32, device=device)
+            dev.copy_(pinned, non_blocking=True)
+        else:
+            dev = host.pin_memory().to(device, non_blocking=True)
+        return host, dev
+    if t.device != device:
+        raise ValueError(f"kla: {name} is on {t.device}, the inputs on {device}")
+    dev = t if t.dtype == torch.int32 and t.is_contiguous() else _host_int32(t, name)
+    if t_cpu is not None:
+        if t_cpu.device.type != "cpu":
+            raise ValueError(f"kla: {name}_cpu must be a CPU tensor, got {t_cpu.device}")
+        host = _host_int32(t_cpu, name + "_cpu")
+        if host.shape != dev.shape:
+            raise ValueError(f"kla: {name}_cpu has {host.shape[0]} entries, {name} {dev.shape[0]}")
+        return host, dev
+    if _capturing():
+        raise RuntimeError(
+            f"kla: {name} is a CUDA tensor and this call is being captured in a CUDA graph, where "
+            f"the host copy the library validates cannot be made (a device-to-host copy): pass "
+            f"{name} on the CPU (the graph then bakes those values in), or pass its CPU copy as "
+            f"{name}_cpu=")
+    return dev.cpu(), dev

@@ -1,0 +1,389 @@
+"""FLA-shaped functions over kla's ops (names, argument order, defaults and returns of
+flash-linear-attention 0.6; docs/python.md has the argument-by-argument table).
+
+    chunk_kla / fused_recurrent_kla                          the Kaczmarz coefficient in the kernel
+    chunk_gated_delta_rule / fused_recurrent_gated_delta_rule   a given beta (plain GDN)
+
+Eager calls on CUDA tensors that need no gradient call the implementation directly (the
+dispatcher's round trip through a Python custom op costs more than the rest of a decode call);
+everything else (torch.compile, fake / meta tensors, inputs that require grad) goes through the
+registered torch ops, with the same implementation behind them.
+"""
+import torch
+
+from . import _fast
+from . import _params as P
+from . import ops
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# ---- argument checks ------------------------------------------------------------------------
+def _unsupported(name, value, hint=""):
+    raise NotImplementedError(f"kla: {name}={value!r} is not supported by kla" +
+                              (f": {hint}" if hint else ""))
+
+
+def _check_kwargs(kwargs, fn):
+    """FLA 0.6 keyword arguments kla has no counterpart for; anything else is a TypeError."""
+    if kwargs.pop("use_gate_in_kernel", False):
+        _unsupported("use_gate_in_kernel", True, "compute g = -exp(A_log) * softplus(g + dt_bias) "
+                     "in PyTorch and pass it as g")
+    for name in ("A_log", "dt_bias"):
+        if kwargs.pop(name, None) is not None:
+            _unsupported(name, "<tensor>", "kla takes the decay g already in log space "
+                         "(use_gate_in_kernel is not supported)")
+    chunk_size = kwargs.pop("chunk_size", 64)
+    if chunk_size not in (16, 32, 64):
+        raise ValueError(f"kla: chunk_size must be 16, 32 or 64 (it is ignored: kla picks its "
+                         f"own chunking), got {chunk_size}")
+    if "head_first" in kwargs:
+        raise ValueError("kla: head_first was removed from FLA and is not supported: inputs are "
+                         "[B, T, H, ...]")
+    if kwargs:
+        raise TypeError(f"{fn}() got an unexpected keyword argument '{next(iter(kwargs))}'")
+
+
+def _state_v_first_alias(kwargs, state_v_first):
+    if "transpose_state_layout" in kwargs:  # FLA's deprecated name
+        if state_v_first:
+            raise ValueError("kla: pass state_v_first or transpose_state_layout, not both")
+        return bool(kwargs.pop("transpose_state_layout"))
+    return state_v_first
+
+
+def _check_qkv(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"kla: {name} must be 4-d ([B, T, heads, dim]), got shape "
+                             f"{tuple(t.shape)}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"kla: q, k, v must be float32, bfloat16 or float16, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"kla: q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != q.shape:
+        raise ValueError(f"kla: k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    B, T, H, _ = q.shape
+    if v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"kla: v must be [B, T, HV, V] with q's B = {B}, T = {T}, got "
+                         f"{tuple(v.shape)}")
+    if v.shape[2] % H:
+        raise ValueError(f"kla: the value heads HV = {v.shape[2]} must be a multiple of the "
+                         f"query/key heads H = {H}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"kla: q, k, v must be on one device, got {q.device}, {k.device}, "
+                         f"{v.device}")
+
+
+def _last_contiguous(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _gate(t, name, v):
+    """g / eta / beta: [B, T, HV], converted to fp32 with HV contiguous (a copy otherwise)."""
+    if t is None:
+        return None
+    if t.dim() == 4 and name == "beta":
+        _unsupported("beta", "<[B, T, HV, V] tensor>", "kla takes one beta per head and token "
+                     "([B, T, HV])")
+    if tuple(t.shape) != tuple(v.shape[:3]):
+        raise ValueError(f"kla: {name} must be [B, T, HV] = {tuple(v.shape[:3])}, got "
+                         f"{tuple(t.shape)}")
+    if t.dtype != torch.float32:
+        if not t.is_floating_point():
+            raise TypeError(f"kla: {name} must be a floating-point tensor, got {t.dtype}")
+        t = t.float()
+    return _last_contiguous(t)
+
+
+def _l2norm(x):
+    """FLA's l2norm: x / sqrt(sum x^2 + 1e-6) in fp32, rounded to x's dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.square().sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def _seqlens(q, cu_seqlens, cu_seqlens_cpu):
+    if cu_seqlens is None:
+        if cu_seqlens_cpu is not None:
+            raise ValueError("kla: cu_seqlens_cpu is given without cu_seqlens")
+        return None, None
+    if q.shape[0] != 1:
+        raise ValueError(f"kla: the batch size must be 1 with cu_seqlens (flatten the "
+                         f"sequences into one row), got B = {q.shape[0]}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"kla: cu_seqlens must be 1-d with N + 1 >= 2 entries, got shape "
+                         f"{tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"kla: cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens_cpu is None and cu_seqlens.device.type == "cpu":
+        return cu_seqlens, None
+    return cu_seqlens, cu_seqlens_cpu
+
+
+def _state_in(state, q, v, n, state_v_first, name="initial_state"):
+    """An fp32 [N, HV, K, V] contiguous state (copied if it is not one, or transposed from
+    [N, HV, V, K] with state_v_first)."""
+    if state is None:
+        return None
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    want = (n, HV, V, K) if state_v_first else (n, HV, K, V)
+    if tuple(state.shape) != want:
+        layout = "[N, HV, V, K]" if state_v_first else "[N, HV, K, V]"
+        raise ValueError(f"kla: {name} must be {layout} = {want}, got {tuple(state.shape)}")
+    if state_v_first:
+        state = state.transpose(-1, -2)
+    if state.dtype != torch.float32:
+        state = state.float()
+    return state.contiguous()
+
+
+def _enum(table, value, name):
+    try:
+        return table[value]
+    except KeyError:
+        raise ValueError(f"kla: {name} must be one of {sorted(table)}, got {value!r}") from None
+
+
+def _scale(scale, q, readout):
+    if readout == P.READOUT_Q_L2NORM:
+        if scale is not None:
+            raise ValueError("kla: readout='q_l2norm' divides by |q| and takes no scale")
+        return 0.0
+    return float(q.shape[-1] ** -0.5 if scale is None else scale)
+
+
+def _eager(*tensors):
+    """True when the direct call may replace the op: an eager call on plain CUDA tensors
+    that needs no autograd graph."""
+    q = tensors[0]
+    if type(q) is not torch.Tensor or not q.is_cuda or torch.compiler.is_compiling():
+        return False
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return False
+    return True
+
+
+def _grad_needed(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# ---- the shared bodies -------------------------------------------------------------------------
+def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
+           cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first, coefficient,
+           readout, fp32_math, path, value_slice):
+    _check_qkv(q, k, v)
+    fp32_math = _enum(P.FP32_MATH, fp32_math, "fp32_math")
+    path = _enum(P.PATHS, path, "path")
+    if path == P.PATH_TOKENWISE:
+        raise ValueError("kla: path='tokenwise' is the decode kernel: call fused_recurrent_*")
+    cu_seqlens, cu_seqlens_cpu = _seqlens(q, cu_seqlens, cu_seqlens_cpu)
+    n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    scale = _scale(scale, q, readout)
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
+    g, eta = _gate(g, "g", v), _gate(eta, "beta" if coefficient else "eta", v)
+    h0 = _state_in(initial_state, q, v, n, state_v_first)
+    args = (q, k, v, g, eta, h0, cu_seqlens, cu_seqlens_cpu, scale, float(eps),
+            float(eta_value), coefficient, readout, bool(output_final_state), fp32_math, path,
+            int(value_slice))
+    fn = ops.chunk_fwd_impl if _eager(q, k, v, g, eta, h0) else ops.chunk_fwd
+    o, final = fn(*args)
+    return o, _state_out(final, output_final_state, state_v_first)
+
+
+def _state_out(final, output_final_state, state_v_first):
+    if not output_final_state:
+        return None
+    return final.transpose(-1, -2).contiguous() if state_v_first else final
+
+
+def _recurrent(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
+               cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
+               inplace_final_state, ssm_state_indices, ssm_state_indices_cpu, coefficient,
+               readout):
+    if (cu_seqlens is None and ssm_state_indices is None and not use_qk_l2norm_in_kernel and
+            not state_v_first and cu_seqlens_cpu is None and ssm_state_indices_cpu is None):
+        r = _fast.decode(q, k, v, g, eta, eta_value, eps, scale, readout, coefficient,
+                         initial_state, inplace_final_state, output_final_state)
+        if r is not None:
+            return r
+    _check_qkv(q, k, v)
+    cu_seqlens, cu_seqlens_cpu = _seqlens(q, cu_seqlens, cu_seqlens_cpu)
+    n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    scale = _scale(scale, q, readout)
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
+    g, eta = _gate(g, "g", v), _gate(eta, "beta" if coefficient else "eta", v)
+    common = (scale, float(eps), float(eta_value), coefficient, readout)
+    if ssm_state_indices is None and not inplace_final_state:
+        if ssm_state_indices_cpu is not None:
+            raise ValueError("kla: ssm_state_indices_cpu is given without ssm_state_indices")
+        h0 = _state_in(initial_state, q, v, n, state_v_first)
+        args = (q, k, v, g, eta, h0, cu_seqlens, cu_seqlens_cpu) + common + (
+            bool(output_final_state),)
+        fn = ops.recurrent_fwd_impl if _eager(q, k, v, g, eta, h0) else ops.recurrent_fwd
+        o, final = fn(*args)
+        return o, _state_out(final, output_final_state, state_v_first)
+
+    # In place: the state [N, HV, K, V] itself, or the pool rows ssm_state_indices picks.
+    state = initial_state
+    if state is None:
+        raise ValueError("kla: inplace_final_state / ssm_state_indices need initial_state (the "
+                         "state, or the state pool, updated in place)")
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError(f"kla: a state updated in place must be a contiguous float32 tensor, "
+                         f"got {state.dtype}" + ("" if state.is_contiguous() else
+                                                 ", not contiguous"))
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    if ssm_state_indices is not None:
+        if state_v_first:
+            _unsupported("state_v_first", True, "with ssm_state_indices the pool must be "
+                         "[pool_size, HV, K, V]")
+        if state.dim() != 4 or tuple(state.shape[1:]) != (HV, K, V):
+            raise ValueError(f"kla: the state pool (initial_state with ssm_state_indices) must "
+                             f"be [pool_size, HV, K, V] = [P, {HV}, {K}, {V}], got "
+                             f"{tuple(state.shape)}")
+        if ssm_state_indices.dim() != 1 or ssm_state_indices.shape[0] != n:
+            raise ValueError(f"kla: ssm_state_indices must be 1-d with one index per sequence "
+                             f"(N = {n}), got shape {tuple(ssm_state_indices.shape)}")
+        if ssm_state_indices.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"kla: ssm_state_indices must be int32 or int64, got "
+                            f"{ssm_state_indices.dtype}")
+        work = state
+    else:
+        want = (n, HV, V, K) if state_v_first else (n, HV, K, V)
+        if tuple(state.shape) != want:
+            layout = "[N, HV, V, K]" if state_v_first else "[N, HV, K, V]"
+            raise ValueError(f"kla: initial_state must be {layout} = {want}, got "
+                             f"{tuple(state.shape)}")
+        work = state.transpose(-1, -2).contiguous() if state_v_first else state
+    args = (q, k, v, g, eta, work, ssm_state_indices, ssm_state_indices_cpu, cu_seqlens,
+            cu_seqlens_cpu) + common
+    if _eager(q, k, v, g, eta, work):
+        o = ops.recurrent_fwd_inplace_impl(*args)
+    else:
+        o = ops.recurrent_fwd_inplace(*args)
+        if _grad_needed(q, k, v, g, eta, work):
+            o = ops.NoBackward.apply(o)
+    if work is not state:
+        state.copy_(work.transpose(-1, -2))
+    return o, state
+
+
+# ---- the public functions ----------------------------------------------------------------------
+def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
+              output_final_state=False, cu_seqlens=None, use_qk_l2norm_in_kernel=False, *,
+              cu_seqlens_cpu=None, state_v_first=False, readout="scale", fp32_math="accurate",
+              path="auto", value_slice=0):
+    """KLA prefill (kla_chunk_forward, the Kaczmarz coefficient beta = eta / (|k|^2 + eps)
+    computed in the kernel in fp32 from the raw key). Returns (o, final_state).
+
+    q, k [B,T,H,K]; v [B,T,HV,V] (HV a multiple of H), fp32 / bf16 / fp16 alike; g [B,T,HV] log
+    decay (None: no decay); eta [B,T,HV] gate, or a float for every token (None: 1); eps >= 0;
+    scale (None: K^-1/2); initial_state [N,HV,K,V] fp32 ([N,HV,V,K] with state_v_first: a
+    transposed copy); final_state likewise when output_final_state, else None. cu_seqlens
+    [N+1] int32/int64 packs N sequences in B = 1 (on the device it costs one device-to-host copy
+    unless cu_seqlens_cpu holds the same values on the CPU). readout 'scale' or 'q_l2norm'
+    (o = S^T q / |q|, no scale); fp32_math 'accurate' / 'fast' (fp32 inputs); path / value_slice
+    pin the kernel path (kla.plan shows what 'auto' picks).
+    """
+    eta_value = 1.0
+    if eta is not None and not isinstance(eta, torch.Tensor):
+        eta_value, eta = float(eta), None
+    return _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
+                  cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
+                  P.COEFF_KACZMARZ, _enum(P.READOUTS, readout, "readout"), fp32_math, path,
+                  value_slice)
+
+
+def fused_recurrent_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
+                        output_final_state=False, cu_seqlens=None,
+                        use_qk_l2norm_in_kernel=False, *, cu_seqlens_cpu=None,
+                        inplace_final_state=False, ssm_state_indices=None,
+                        ssm_state_indices_cpu=None, state_v_first=False, readout="scale"):
+    """KLA decode and short speculative steps (kla_tokenwise_forward): T >= 1 tokens per
+    sequence, the arguments of chunk_kla. Returns (o, final_state).
+
+    inplace_final_state=True updates initial_state ([N,HV,K,V] fp32 contiguous) in place and
+    returns it as final_state. ssm_state_indices [N] (int32/int64; -1 skips a sequence, whose o
+    rows are zero and whose pool row is untouched) makes initial_state a state pool
+    [pool_size,HV,K,V] updated in place at those rows; indices on the device cost one
+    device-to-host copy unless ssm_state_indices_cpu holds them on the CPU.
+    """
+    eta_value = 1.0
+    if eta is not None and not isinstance(eta, torch.Tensor):
+        eta_value, eta = float(eta), None
+    return _recurrent(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
+                      cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
+                      inplace_final_state, ssm_state_indices, ssm_state_indices_cpu,
+                      P.COEFF_KACZMARZ, _enum(P.READOUTS, readout, "readout"))
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                           output_final_state=False, use_qk_l2norm_in_kernel=False,
+                           use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                           state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                           chunk_indices=None, cp_context=None, *, fp32_math="accurate",
+                           path="auto", value_slice=0, **kwargs):
+    """FLA 0.6's chunk_gated_delta_rule (plain GDN, beta given) on kla_chunk_forward.
+
+    Same arguments and returns as FLA's; chunk_indices and chunk_size are accepted and ignored.
+    use_gate_in_kernel / A_log / dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval and
+    cp_context raise NotImplementedError naming the argument. kla extras: fp32_math, path,
+    value_slice (as chunk_kla).
+    """
+    state_v_first = _state_v_first_alias(kwargs, state_v_first)
+    _check_kwargs(kwargs, "chunk_gated_delta_rule")
+    _check_gdn_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval, cp_context)
+    if beta is None:
+        raise ValueError("kla: chunk_gated_delta_rule needs beta ([B, T, HV])")
+    return _chunk(q, k, v, g, beta, 1.0, 0.0, scale, initial_state, output_final_state,
+                  cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
+                  P.COEFF_GIVEN, P.READOUT_SCALE, fp32_math, path, value_slice)
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,
+                                     initial_state=None, output_final_state=False,
+                                     use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                                     A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
+                                     allow_neg_eigval=False, state_v_first=False,
+                                     cu_seqlens=None, *, cu_seqlens_cpu=None,
+                                     inplace_final_state=False, ssm_state_indices=None,
+                                     ssm_state_indices_cpu=None, **kwargs):
+    """FLA 0.6's fused_recurrent_gated_delta_rule (plain GDN decode) on kla_tokenwise_forward.
+
+    beta None means 1 (as FLA). gk / gv (per-channel decay), use_gate_in_kernel / A_log /
+    dt_bias, use_beta_sigmoid_in_kernel and allow_neg_eigval raise NotImplementedError naming
+    the argument. kla extras: cu_seqlens_cpu, inplace_final_state, ssm_state_indices(_cpu) (as
+    fused_recurrent_kla).
+    """
+    if kwargs or use_gate_in_kernel or A_log is not None or dt_bias is not None:
+        state_v_first = _state_v_first_alias(kwargs, state_v_first)
+        kwargs.update(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
+        _check_kwargs(kwargs, "fused_recurrent_gated_delta_rule")
+    if use_beta_sigmoid_in_kernel or allow_neg_eigval:
+        _check_gdn_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval, None)
+    if gk is not None or gv is not None:
+        _unsupported("gk" if gk is not None else "gv", "<tensor>",
+                     "kla's decay is one scalar per head and token (g)")
+    return _recurrent(q, k, v, g, beta, 1.0, 0.0, scale, initial_state, output_final_state,
+                      cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
+                      inplace_final_state, ssm_state_indices, ssm_state_indices_cpu,
+                      P.COEFF_GIVEN, P.READOUT_SCALE)
+
+
+def _check_gdn_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval, cp_context):
+    if use_beta_sigmoid_in_kernel:
+        _unsupported("use_beta_sigmoid_in_kernel", True, "pass beta.sigmoid() as beta")
+    if allow_neg_eigval:
+        _unsupported("allow_neg_eigval", True, "pass 2 * beta.sigmoid() as beta")
+    if cp_context is not None:
+        _unsupported("cp_context", "<FLACPContext>", "context-parallel prefill is not in kla yet")
+
+
+chunk_gdn = chunk_gated_delta_rule
+fused_recurrent_gdn = fused_recurrent_gated_delta_rule

@@ -1,0 +1,212 @@
+"""The torch ops (namespace "kla") over the C entry points, with fake (meta) kernels and autograd.
+
+    torch.ops.kla.chunk_fwd              kla_chunk_forward: prefill (o, final_state)
+    torch.ops.kla.recurrent_fwd          kla_tokenwise_forward, new final state (o, final_state)
+    torch.ops.kla.recurrent_fwd_inplace  kla_tokenwise_forward on `state` in place, or on the rows
+                                         state_indices picks of a state pool (-1 skips): o
+
+Arguments are the C ABI's, already checked and converted by api.py (q, k, v of one dtype with the
+last dimension contiguous; g, eta fp32 [B,T,HV] with HV contiguous; states fp32 contiguous):
+enums as ints (kla.h's values). final_state is an empty tensor (shape [0]) when not asked for:
+custom ops cannot return None. The implementation allocates o, the final state and the
+workspace with torch (the caching allocator, on the call's device and current stream), makes the
+int32 copies of cu_seqlens / indices (_indices.py) and calls the library on
+torch.cuda.current_stream() with the tensors' device current. It never synchronises the host,
+except for the host copy of cu_seqlens or indices given only on the device.
+"""
+import ctypes
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from . import _params as P
+from ._indices import host_and_device
+
+CHUNK, RECURRENT = 0, 1
+_NO_BACKWARD = ("kla: the backward pass is not implemented yet (project issue 25): kla's ops are "
+                "forward-only for now. Call them under torch.no_grad() / torch.inference_mode(), "
+                "or detach their inputs")
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(index):
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def _require_cuda(dev):
+    if dev.type != "cuda":
+        raise ValueError(f"kla: the kernels run on CUDA tensors; q is on {dev}")
+
+
+def _call(entry, ref, dev):
+    """entry(&params, stream) on the current stream of dev, with dev the current device (the C
+    ABI launches on the current device). Returns the kla_status."""
+    index = dev.index
+    if torch.cuda.current_device() == index:
+        return entry(ref, _stream(index))
+    with torch.cuda.device(index):
+        return entry(ref, _stream(index))
+
+
+def launch(kind, q, k, v, o, *, g=None, eta=None, eta_value=1.0, eps=0.0, scale=0.0,
+           coefficient=P.COEFF_KACZMARZ, readout=P.READOUT_SCALE, initial_state=None,
+           final_state=None, state_pool=None, state_indices=None, state_indices_cpu=None,
+           cu_seqlens=None, cu_seqlens_cpu=None, fp32_math=P.FP32_MATH_ACCURATE,
+           path=P.PATH_AUTO, value_slice=0):
+    """Fills kla_params for these tensors and enqueues the kernel on the current stream."""
+    lib = _lib.load()
+    dev = q.device
+    _require_cuda(dev)
+    cu_host = cu_dev = idx_host = idx_dev = None
+    if cu_seqlens is not None:
+        cu_host, cu_dev = host_and_device(cu_seqlens, cu_seqlens_cpu, dev, "cu_seqlens")
+    if state_pool is not None:
+        idx_host, idx_dev = host_and_device(state_indices, state_indices_cpu, dev,
+                                            "ssm_state_indices")
+    p = P.fill(lib.params(), q, k, v, o, g=g, eta=eta, eta_value=eta_value, eps=eps,
+               scale=scale, coefficient=coefficient, readout=readout,
+               initial_state=initial_state, final_state=final_state, state_pool=state_pool,
+               state_indices=idx_dev, state_indices_host=idx_host, cu_seqlens=cu_dev,
+               cu_seqlens_host=cu_host, fp32_math=fp32_math, path=path,
+               value_slice=value_slice)
+    ref = ctypes.byref(p)
+    workspace = None
+    if kind == CHUNK:
+        entry = lib.chunk_forward
+        if path != P.PATH_GENERIC:  # the only path that runs without one
+            size = lib.workspace_size(ref)
+            if size:
+                workspace = torch.empty(size, dtype=torch.uint8, device=dev)
+                p.workspace, p.workspace_size = workspace.data_ptr(), size
+    else:
+        entry = lib.tokenwise_forward
+    status = _call(entry, ref, dev)
+    if status:
+        raise lib.error(status)
+    # The workspace goes back to the caching allocator here, reused only by work queued after
+    # this call on the same stream.
+    del workspace
+
+
+def _final_state(q, v, cu_seqlens, output_final_state):
+    if not output_final_state:
+        return q.new_empty(0, dtype=torch.float32)
+    n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return q.new_empty((n, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
+
+
+def _out(v):
+    return v.new_empty(v.shape)
+
+
+# ---- kla::chunk_fwd -------------------------------------------------------------------------
+def chunk_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
+                   eta: Optional[Tensor], initial_state: Optional[Tensor],
+                   cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
+                   scale: float, eps: float, eta_value: float, coefficient: int, readout: int,
+                   output_final_state: bool, fp32_math: int, path: int,
+                   value_slice: int) -> Tuple[Tensor, Tensor]:
+    o = _out(v)
+    final = _final_state(q, v, cu_seqlens, output_final_state)
+    launch(CHUNK, q, k, v, o, g=g, eta=eta, eta_value=eta_value, eps=eps, scale=scale,
+           coefficient=coefficient, readout=readout, initial_state=initial_state,
+           final_state=final if output_final_state else None, cu_seqlens=cu_seqlens,
+           cu_seqlens_cpu=cu_seqlens_cpu, fp32_math=fp32_math, path=path,
+           value_slice=value_slice)
+    return o, final
+
+
+chunk_fwd = torch.library.custom_op("kla::chunk_fwd", chunk_fwd_impl, mutates_args=())
+
+
+@chunk_fwd.register_fake
+def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
+      coefficient, readout, output_final_state, fp32_math, path, value_slice):
+    return _out(v), _final_state(q, v, cu_seqlens, output_final_state)
+
+
+# ---- kla::recurrent_fwd ---------------------------------------------------------------------
+def recurrent_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
+                       eta: Optional[Tensor], initial_state: Optional[Tensor],
+                       cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
+                       scale: float, eps: float, eta_value: float, coefficient: int,
+                       readout: int, output_final_state: bool) -> Tuple[Tensor, Tensor]:
+    o = _out(v)
+    final = _final_state(q, v, cu_seqlens, output_final_state)
+    launch(RECURRENT, q, k, v, o, g=g, eta=eta, eta_value=eta_value, eps=eps, scale=scale,
+           coefficient=coefficient, readout=readout, initial_state=initial_state,
+           final_state=final if output_final_state else None, cu_seqlens=cu_seqlens,
+           cu_seqlens_cpu=cu_seqlens_cpu)
+    return o, final
+
+
+recurrent_fwd = torch.library.custom_op("kla::recurrent_fwd", recurrent_fwd_impl,
+                                        mutates_args=())
+
+
+@recurrent_fwd.register_fake
+def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
+      coefficient, readout, output_final_state):
+    return _out(v), _final_state(q, v, cu_seqlens, output_final_state)
+
+
+# ---- kla::recurrent_fwd_inplace -------------------------------------------------------------
+def recurrent_fwd_inplace_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
+                               eta: Optional[Tensor], state: Tensor,
+                               state_indices: Optional[Tensor],
+                               state_indices_cpu: Optional[Tensor],
+                               cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
+                               scale: float, eps: float, eta_value: float, coefficient: int,
+                               readout: int) -> Tensor:
+    pooled = state_indices is not None
+    # Pool rows of skipped sequences (index -1) are not written: zeros, not garbage.
+    o = v.new_zeros(v.shape) if pooled else _out(v)
+    launch(RECURRENT, q, k, v, o, g=g, eta=eta, eta_value=eta_value, eps=eps, scale=scale,
+           coefficient=coefficient, readout=readout,
+           initial_state=None if pooled else state, final_state=None if pooled else state,
+           state_pool=state if pooled else None, state_indices=state_indices,
+           state_indices_cpu=state_indices_cpu, cu_seqlens=cu_seqlens,
+           cu_seqlens_cpu=cu_seqlens_cpu)
+    return o
+
+
+recurrent_fwd_inplace = torch.library.custom_op("kla::recurrent_fwd_inplace",
+                                                recurrent_fwd_inplace_impl,
+                                                mutates_args=("state",))
+
+
+@recurrent_fwd_inplace.register_fake
+def _(q, k, v, g, eta, state, state_indices, state_indices_cpu, cu_seqlens, cu_seqlens_cpu,
+      scale, eps, eta_value, coefficient, readout):
+    return _out(v)
+
+
+# ---- autograd: forward-only for now ---------------------------------------------------------
+def _no_backward(ctx, *grads):
+    raise NotImplementedError(_NO_BACKWARD)
+
+
+def _no_context(ctx, inputs, output):
+    pass
+
+
+chunk_fwd.register_autograd(_no_backward, setup_context=_no_context)
+recurrent_fwd.register_autograd(_no_backward, setup_context=_no_context)
+
+
+class NoBackward(torch.autograd.Function):
+    """Identity whose backward raises _NO_BACKWARD (on the in-place op's output: mutating custom
+    ops cannot register autograd, and their default message does not say why)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError(_NO_BACKWARD)
