@@ -4,9 +4,11 @@ bench/run_side_by_side.sh (side_by_side.json, kla_bench_cuda.json, the PNGs). St
 only: runs anywhere.
 
     python3 bench/make_performance_md.py OUTDIR [--docs DOCS_DIR] [--note TEXT]
-        [--device-time TEXT] [--reference REF.json]
+        [--device-time TEXT] [--reference REF.json] [--overhead OVERHEAD.json]
 
 REF.json: `kla_bench_reference --benchmark_out=REF.json --benchmark_out_format=json` (CPU).
+OVERHEAD.json: `python3 -m kla._bench_overhead --json OVERHEAD.json` on the GPU machine (the Python
+package's host cost per call; copied to docs/performance/python_overhead.json).
 """
 import argparse
 import json
@@ -66,6 +68,8 @@ def main():
     ap.add_argument("--note", default="", help="status line printed under the title")
     ap.add_argument("--device-time", default="", help="device time the run used (text)")
     ap.add_argument("--reference", help="kla_bench_reference's JSON output (CPU costs)")
+    ap.add_argument("--overhead", help="kla._bench_overhead's JSON output (Python host cost)")
+    ap.add_argument("--overhead-note", default="", help="where and at which commit it ran")
     args = ap.parse_args()
 
     sbs = load_json(os.path.join(args.outdir, "side_by_side.json"))
@@ -247,6 +251,23 @@ def main():
             tps = b.get("tokens/s")
             w(f"| {b['name']} | {f(tps, ',.0f')} | "
               f"{f(1e6 / tps if tps else None, '.1f')} µs |")
+        w("")
+    ovh = load_json(args.overhead) if args.overhead else None
+    if ovh:
+        shutil.copy(args.overhead, os.path.join(args.docs, "performance", "python_overhead.json"))
+        w("## Python host overhead (`python3 -m kla._bench_overhead`)")
+        w("")
+        w(f"Decode at B = 1 (H = HV = 16, K = V = 128, bf16, fp32 state in place) through the "
+          f"Python package, {ovh.get('device', '?')}, torch {ovh.get('torch', '?')}"
+          f"{'; ' + args.overhead_note if args.overhead_note else ''}. Plain rows: host time "
+          "per back-to-back call from a Python loop (the GPU work of one call is shorter); graph "
+          "rows: GPU time per call of a replayed CUDA graph of 100 calls. The issue's bar: ≤ 20 µs "
+          "a plain call (FLA: about 200 µs). docs/python.md says which calls take the short path.")
+        w("")
+        w("| call | µs per call |")
+        w("|---|---|")
+        for r in ovh.get("rows", []):
+            w(f"| {r['case']} | {r['us_per_call']:.2f} |")
         w("")
     w("## Reference figures (SPEC §4, not this run)")
     w("")
