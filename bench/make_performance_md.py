@@ -111,7 +111,7 @@ def main():
       f"`{build.get('cuda_sources_sha256', '?')}`) |")
     w(f"| built | {build.get('built', '?')}, {build.get('flags', '')}, {build.get('nvcc', '')} |")
     w(f"| run | {m.get('started', ctx.get('date', '?'))} |")
-    w(f"| command | `{COMMAND}` (carry `build-bench-gpu/dist`, `.whl/fla`) |")
+    w(f"| command | `{COMMAND}` (carry `build-bench-gpu/dist`, `.whl`) |")
     w(f"| software | torch {m.get('torch', '?')}, triton {m.get('triton', '?')}, "
       f"flash-linear-attention (fla-core) {m.get('fla', '?')}, kla {m.get('kla_version', '?')} |")
     copy = m.get("copy_TBps") or (float(ctx["copy_TBps"]) if "copy_TBps" in ctx else None)
@@ -286,7 +286,7 @@ def main():
     w("")
     w("```")
     w("bash bench/run_side_by_side.sh stage        # here: build for sm_90a, fetch the FLA wheel")
-    w("# on the GPU machine (device tool, carry build-bench-gpu/dist and .whl/fla):")
+    w("# on the GPU machine (device tool, carry build-bench-gpu/dist and .whl):")
     w(COMMAND + "              # writes $OUT: run.log, kla_bench_cuda.json,")
     w("                                             #   side_by_side.{json,csv}, *.png")
     w("build/bench/kla_bench_reference --benchmark_out=ref.json --benchmark_out_format=json")

@@ -5,16 +5,17 @@
 #                                             kla_bench_cuda for sm_90a with static runtimes into
 #                                             build-bench-gpu/, copy what the GPU machine needs to
 #                                             build-bench-gpu/dist (a few MB), fetch the FLA wheel
-#                                             into .whl/fla (git-ignored)
+#                                             into .whl/fla and build the kla wheel into .whl/kla
+#                                             (both git-ignored)
 #   bash bench/run_side_by_side.sh [OUTDIR]   on the GPU machine, from the repository root, with
-#                                             build-bench-gpu/dist and .whl/fla carried: installs
+#                                             build-bench-gpu/dist and .whl carried: installs
 #                                             the wheel to /tmp/kla-site, runs kla_bench_cuda
 #                                             (Google Benchmark, JSON), side_by_side.py (ours vs
 #                                             FLA, JSON + CSV) and draws the plots. OUTDIR
 #                                             defaults to $OUT (the device tool's folder).
 #   python3 bench/make_performance_md.py OUTDIR   here, afterwards: docs/performance.md + plots
 #
-# With the device tool (carry: build-bench-gpu/dist and .whl/fla; timeout_s 595): the whole run
+# With the device tool (carry: build-bench-gpu/dist and .whl; timeout_s 595): the whole run
 # takes about 7 minutes on an H200, most of it FLA's Triton autotuning (about 30 s for each
 # dtype and (H, K, V)); the most valuable cases run first, so a smaller budget drops the fp16 /
 # fp32 prefill shapes last.
@@ -58,7 +59,10 @@ EOF
   if ! ls "$ROOT"/.whl/fla/fla_core-$FLA_VERSION-*.whl >/dev/null 2>&1; then
     python3 -m pip download -q --no-deps -d "$ROOT/.whl/fla" "fla-core==$FLA_VERSION"
   fi
-  du -sh "$DIST" "$ROOT/.whl/fla"
+  # The kla package (side_by_side.py calls the library through kla.lowlevel).
+  rm -rf "$ROOT/.whl/kla"
+  python3 -m pip wheel -q --no-deps "$ROOT" -w "$ROOT/.whl/kla"
+  du -sh "$DIST" "$ROOT/.whl/fla" "$ROOT/.whl/kla"
   exit 0
 fi
 
@@ -69,7 +73,7 @@ main() {
   cd "$ROOT"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/kla-site "$ROOT"/.whl/fla/*.whl || return 1
+    --target /tmp/kla-site "$ROOT"/.whl/fla/*.whl "$ROOT"/.whl/kla/*.whl || return 1
   export PYTHONPATH=/tmp/kla-site${PYTHONPATH:+:$PYTHONPATH}
   export LD_LIBRARY_PATH=$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PYTHONUNBUFFERED=1

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Ours vs flash-linear-attention (FLA), same inputs, one run (issue 6; docs/performance.md).
 
-Ours: libkla_cuda.so through the ctypes binding in kla_ctypes.py (kla_chunk_forward for
+Ours: libkla_cuda.so through the Python package's low-level binding (kla.lowlevel) (kla_chunk_forward for
 prefill, kla_tokenwise_forward for decode). Theirs: FLA's Triton kernels chunk_gated_delta_rule
 and fused_recurrent_gated_delta_rule with the KLA coefficient beta = eta / (|k|^2 + eps) computed
 in PyTorch (fp32, from the rounded keys) and passed as FLA's beta, use_qk_l2norm_in_kernel=False
@@ -68,7 +68,7 @@ class Runner:
     def __init__(self, args):
         import torch
         import triton
-        import kla_ctypes as kc
+        import kla.lowlevel as kc  # the package's checked binding (docs/python.md)
         os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # plain Triton kernels
         import fla
         from fla.ops.gated_delta_rule import (chunk_gated_delta_rule,

@@ -1,7 +1,7 @@
 """The raw C ABI for benchmarks and experts: kla_params filled by hand, no torch ops around it.
 
-Drop-in for bench/kla_ctypes.py (same names: KlaLibrary, make_params, the constants), backed by
-the package's checked binding (_lib.py, _params.py):
+What bench/side_by_side.py uses (KlaLibrary, make_params, the constants), backed by the
+package's checked binding (_lib.py, _params.py):
 
     import kla.lowlevel as kc
     lib = kc.KlaLibrary()            # the package's library (or KlaLibrary(path) for another)
@@ -23,7 +23,7 @@ torch_dtype_code = dtype_code
 
 
 class KlaLibrary:
-    """libkla_cuda with kla_ctypes.KlaLibrary's methods; raises KlaError on a non-zero status."""
+    """libkla_cuda's entry points on raw params; raises KlaError on a non-zero status."""
 
     def __init__(self, path=None):
         self._lib = _lib.load() if path is None else _lib.Library(path)
@@ -53,8 +53,8 @@ class KlaLibrary:
 def make_params(lib, q, k, v, o, g=None, eta=None, eps=0.0, scale=0.0, initial_state=None,
                 final_state=None, coefficient=COEFF_KACZMARZ, workspace=None,
                 fp32_math=FP32_MATH_ACCURATE, **kw):
-    """kla_params for torch tensors (bench/kla_ctypes.py's make_params; more fields in **kw as
-    _params.fill takes them). Keeps no reference to the tensors: the caller must."""
+    """kla_params for torch tensors (more fields in **kw as _params.fill takes them). Keeps no
+    reference to the tensors: the caller must."""
     return fill(lib.params(), q, k, v, o, g=g, eta=eta, eps=eps, scale=scale,
                 initial_state=initial_state, final_state=final_state, coefficient=coefficient,
                 workspace=workspace, fp32_math=fp32_math, **kw)

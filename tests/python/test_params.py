@@ -201,8 +201,8 @@ def test_plan_for_a_described_device(lib):
     assert kla.plan(q, q, v, cu_seqlens=cu, device=kla.H100).workspace_bytes > 0
 
 
-def test_lowlevel_is_kla_ctypes_compatible(lib):
-    """kla.lowlevel keeps bench/kla_ctypes.py's names and signatures (the bench switches to it)."""
+def test_lowlevel_is_what_the_bench_calls(lib):
+    """kla.lowlevel keeps the names and signatures bench/side_by_side.py calls."""
     import kla.lowlevel as kc
     klib = kc.KlaLibrary()
     assert klib.version == kla.__version__ and kc.ABI_VERSION == 4
