@@ -12,7 +12,13 @@
 # table is kla_bench_cuda's (bench/bench_cuda.cpp, --kla_summary), its full results beside it
 # as kla_bench_cuda.json.
 # Environment: KLA_GPU_BUILD (the build folder, default build-gpu), KLA_GPU_DIST (where the
-# binaries are copied to and run from, default $KLA_GPU_BUILD/dist).
+# binaries are copied to and run from, default $KLA_GPU_BUILD/dist), KLA_SUITE_STEPS (a regex of
+# the steps to run), KLA_SUITE_MUTANT (a kernel mutant left planted in every test step: the suite
+# must then fail; tests/cuda/README.md).
+#
+# Kernel mutants: `stage` also builds the test-only library with planted faults (preset
+# gpu-mutants) into $DIST/mutants; the mutant-* steps run the GPU tests against it, one fault at a
+# time (--kla_mutant), and pass only when the tests reject the fault.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${KLA_GPU_BUILD:-$ROOT/build-gpu}
@@ -32,6 +38,12 @@ if [[ ${1:-} == stage ]]; then
   done
   cp -P "$BUILD"/cuda/libkla_cuda.so* "$DIST/"
   strip "$DIST"/libkla_cuda.so.*.*.* 2>/dev/null || true
+  MBUILD=${KLA_GPU_MUTANT_BUILD:-$ROOT/build-gpu-mutants}
+  cmake --preset gpu-mutants -B "$MBUILD" >/dev/null
+  cmake --build "$MBUILD" --target kla_cuda
+  mkdir -p "$DIST/mutants"
+  cp -P "$MBUILD"/cuda/libkla_cuda.so* "$DIST/mutants/"
+  strip "$DIST"/mutants/libkla_cuda.so.*.*.* 2>/dev/null || true
   # libbenchmark is shared-only here (Debian); it travels under its soname.
   bm=$(ldd "$BUILD/bench/kla_bench_cuda" | awk '/libbenchmark/ {print $3}')
   if [[ -n $bm ]]; then cp -L "$bm" "$DIST/"; fi
@@ -60,9 +72,13 @@ run() {
     return
   fi
   local t0=$SECONDS
-  echo "===== $name: $*" | tee -a "$LOG"
+  local cmd=("$@")
+  if [[ -n ${KLA_SUITE_MUTANT:-} ]] && [[ " ${cmd[*]}" == *"/test_cuda_"* ]]; then
+    cmd+=("--kla_mutant=$KLA_SUITE_MUTANT")
+  fi
+  echo "===== $name: ${cmd[*]}" | tee -a "$LOG"
   local tmp=$OUTDIR/.step.log
-  timeout "$limit" "$@" >"$tmp" 2>&1
+  timeout "$limit" "${cmd[@]}" >"$tmp" 2>&1
   local rc=$?
   cat "$tmp" >>"$LOG"
   local passed failed skipped
@@ -84,6 +100,49 @@ run() {
     "${passed:--}" "${failed:-0}" "${skipped:-0}" "${errs:--}" "$((SECONDS - t0))" "${paths:--}")")
 }
 
+if [[ -n ${KLA_SUITE_MUTANT:-} ]]; then
+  export LD_LIBRARY_PATH=$DIST/mutants:$LD_LIBRARY_PATH
+  echo "gpu_suite: kernel mutant $KLA_SUITE_MUTANT left planted in every test step" | tee -a "$LOG"
+fi
+
+# run_mutant NAME PIN: the GPU tests against the mutant library with fault NAME active, chunkwise
+# calls pinned to PIN: the kernel tests, then (if they let it through) the properties with fewer
+# cases, then the accuracy test. Passes when a binary rejects the fault (some test fails: exit 1);
+# exit 2 (no such mutant, or the release library) fails the step.
+MUTANT_ROWS=()
+run_mutant() {
+  local name=$1 pin=$2 step="mutant-$1"
+  if [[ -n ${KLA_SUITE_STEPS:-} ]] && ! [[ $step =~ ^(${KLA_SUITE_STEPS})$ ]]; then
+    SUMMARY+=("$(printf '| %-24s | not run (KLA_SUITE_STEPS) |' "$step")")
+    return
+  fi
+  local t0=$SECONDS rejected="" rcs=""
+  for bin in test_cuda_kernels test_cuda_props test_cuda_accuracy; do
+    local tmp=$OUTDIR/.mutant.log
+    echo "===== $step: $bin --kla_path=$pin --kla_mutant=$name" | tee -a "$LOG"
+    LD_LIBRARY_PATH=$DIST/mutants:$LD_LIBRARY_PATH RC_PARAMS="max_success=8 noshrink=1" \
+      KLA_LONG_CASES=2 timeout 400 "$DIST/$bin" "--kla_path=$pin" "--kla_mutant=$name" \
+      >"$tmp" 2>&1
+    local rc=$?
+    cat "$tmp" >>"$LOG"
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$tmp" | sed 's/ (.*//' | tail -n 12
+    local nf
+    nf=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$tmp" | grep -Eo '[0-9]+' | tail -1)
+    rcs+="$bin:$rc "
+    rm -f "$tmp"
+    if [[ $rc -eq 1 && -n $nf ]]; then rejected="$bin ($nf failed tests)"; break; fi
+    if [[ $rc -eq 2 ]]; then break; fi
+  done
+  if [[ -n $rejected ]]; then
+    SUMMARY+=("$(printf '| %-24s | rejected by %s (%ss) |' "$step" "$rejected" "$((SECONDS - t0))")")
+    MUTANT_ROWS+=("| $name | $pin | rejected: $rejected |")
+  else
+    FAILED+=("$step (survived: $rcs)")
+    SUMMARY+=("$(printf '| %-24s | SURVIVED (%s) |' "$step" "$rcs")")
+    MUTANT_ROWS+=("| $name | $pin | SURVIVED ($rcs) |")
+  fi
+}
+
 run validate 120 "$DIST/test_cuda_validate"
 run kernels 400 "$DIST/test_cuda_kernels"
 run props 400 "$DIST/test_cuda_props"
@@ -101,6 +160,14 @@ done
 KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
 KLA_ACCURACY_OUT=$OUTDIR/accuracy-wy_transposed.md run accuracy-wy_transposed 400 \
   "$DIST/test_cuda_accuracy" --kla_path=wy_transposed
+# Every planted kernel fault (cuda/src/common/kernel_mutants.hpp), on the path it lives in.
+if [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
+  run_mutant split_lo_dropped wy16
+  run_mutant handoff_decay_off_by_one wy
+  run_mutant beta_eps_zero auto
+  run_mutant transposed_rescale_missed wy_transposed
+  run_mutant tf32_state_16bit tf32
+fi
 run example_c 60 "$DIST/kla_example_c"
 run example_cpp 60 "$DIST/kla_example_cpp"
 if command -v compute-sanitizer >/dev/null; then
@@ -131,6 +198,13 @@ run wgmma_latency 60 "$DIST/kla_wgmma_latency"
   [[ -f $OUTDIR/accuracy.md ]] && { echo "accuracy (relative RMS vs MPFR, T=2048, K=V=128):"; cat "$OUTDIR/accuracy.md"; echo; }
   [[ -f $OUTDIR/accuracy-wy_transposed.md ]] && { echo "accuracy, --kla_path=wy_transposed (bf16 / fp16 chunk rows: the transposed scan):"; cat "$OUTDIR/accuracy-wy_transposed.md"; echo; }
   [[ -f $OUTDIR/bench.md ]] && { cat "$OUTDIR/bench.md"; echo; }
+  if ((${#MUTANT_ROWS[@]})); then
+    echo "kernel mutants (each must be rejected by the GPU tests):"
+    echo "| mutant | pinned path | result |"
+    echo "|---|---|---|"
+    printf '%s\n' "${MUTANT_ROWS[@]}"
+    echo
+  fi
   echo "| step                     |  rc | passed | failed | skipped | sanitizer | time  | paths (plan/slice x calls; refused) |"
   echo "|--------------------------|-----|--------|--------|---------|-----------|-------|-----|"
   printf '%s\n' "${SUMMARY[@]}"

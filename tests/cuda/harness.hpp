@@ -22,6 +22,7 @@
 
 #include "kernel_inputs.hpp"
 #include "path_pin.hpp"
+#include "tolerance.hpp"
 #include "kla/kla.h"
 #include "kla/ref/scalar.hpp"
 #include "kla/ref/tensor.hpp"
@@ -73,7 +74,16 @@ struct Config {
   double eta_lo = 0.1;                     // eta uniform in [eta_lo, 1]
   std::uint64_t seed = 1;
 
+  float eta_value = 1.0f;  // the scalar eta of kla_params where has_eta is false
   int N() const { return cu_seqlens.empty() ? B : int(cu_seqlens.size()) - 1; }
+  /// Tokens of the longest sequence.
+  int longest() const {
+    if (cu_seqlens.empty()) return T;
+    int m = 0;
+    for (std::size_t i = 1; i < cu_seqlens.size(); ++i)
+      m = std::max(m, int(cu_seqlens[i] - cu_seqlens[i - 1]));
+    return m;
+  }
   Shape shape() const { return {dtype, B, T, H, HV, K, V}; }
   float resolved_scale() const { return scale != 0.0f ? scale : 1.0f / std::sqrt(float(K)); }
   std::string describe() const {
@@ -81,7 +91,8 @@ struct Config {
         std::string(dtype_name(dtype)) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
         " H=" + std::to_string(H) + " HV=" + std::to_string(HV) + " K=" + std::to_string(K) +
         " V=" + std::to_string(V) + " N=" + std::to_string(N()) + " eps=" + std::to_string(eps) +
-        (has_g ? " g" : "") + (has_init ? " s0" : "") +
+        (has_g ? " g<=" + std::to_string(decay_max) : "") + (has_init ? " s0" : "") +
+        (!has_eta && eta_value != 1.0f ? " eta_value=" + std::to_string(eta_value) : "") +
         (coefficient == KLA_COEFF_GIVEN ? " given-beta" : "") +
         (readout == KLA_READOUT_Q_L2NORM ? " q-l2" : "") +
         (dtype == KLA_DTYPE_FP32 && fp32_math == KLA_FP32_MATH_FAST ? " fp32-fast" : "") +
@@ -214,6 +225,7 @@ struct DeviceProblem {
     p.o = o;
     p.g = g;
     p.eta = eta;
+    p.eta_value = c.eta_value;
     p.eps = c.eps;
     p.scale = c.resolved_scale();
     p.coefficient = c.coefficient;
@@ -253,6 +265,7 @@ struct DeviceProblem {
 struct Outputs {
   std::vector<double> o;      // o layout of Data (os strides), padding ignored
   std::vector<double> state;  // [N,HV,K,V]
+  Ran ran;                    // the path that produced them (AUTO: a reference or unknown)
 };
 
 enum class Entry { chunk, tokenwise };
@@ -260,9 +273,23 @@ inline const char* entry_name(Entry e) {
   return e == Entry::chunk ? "chunk" : "tokenwise";
 }
 
+/// The path of this thread's last successful call() (the tolerances depend on it).
+inline Ran& last_ran() {
+  thread_local Ran r;
+  return r;
+}
+
 /// The entry point; chunkwise calls go through the pinned path (path_pin.hpp).
 inline kla_status call(Entry e, const kla_params& p, cudaStream_t s = nullptr) {
-  return e == Entry::chunk ? chunk_forward_pinned(p, s) : kla_tokenwise_forward(&p, s);
+  if (e == Entry::tokenwise) {
+    const kla_status st = kla_tokenwise_forward(&p, s);
+    if (st == KLA_SUCCESS) last_ran() = Ran{KLA_PATH_TOKENWISE, 0, 1};
+    return st;
+  }
+  kla_plan plan{};
+  const kla_status st = chunk_forward_pinned(p, s, &plan);
+  if (st == KLA_SUCCESS) last_ran() = Ran{plan.path, plan.value_slice, plan.chunk_len};
+  return st;
 }
 
 /// Runs an entry point on a problem with params p (outputs poisoned first) and downloads o and,
@@ -274,6 +301,7 @@ inline Outputs run_params(DeviceProblem& dp, Entry e, const kla_params& p) {
     throw std::runtime_error(std::string(kla_status_string(st)) + ": " + kla_last_error_message());
   KLA_CUDA_CHECK(cudaDeviceSynchronize());
   Outputs out;
+  out.ran = last_ran();
   const auto o = dp.download_o();
   out.o.assign(o.begin(), o.end());
   if (dp.data.cfg.want_final) {
@@ -327,7 +355,7 @@ Outputs run_reference(const Data& d) {
                                                      : kla::ref::Coefficient::kaczmarz;
   opt.readout =
       c.readout == KLA_READOUT_Q_L2NORM ? kla::ref::Readout::q_l2norm : kla::ref::Readout::scale;
-  const std::vector<float> ones(std::size_t(c.B) * c.T * c.HV, 1.0f);
+  const std::vector<float> ones(std::size_t(c.B) * c.T * c.HV, c.eta_value);
   parallel_for(N * c.HV, [&](int task) {
     const int n = task / c.HV, hv = task % c.HV, h = hv / group;
     int64_t b = n, t0 = 0, len = c.T;
@@ -347,7 +375,7 @@ Outputs run_reference(const Data& d) {
     in.v = {d.v.data() + b * d.vs[0] + t0 * d.vs[1] + hv * d.vs[2],
             {one, len, one, c.V},
             {d.vs[0], d.vs[1], d.vs[2], 1}};
-    // eta absent means eta = 1 (kla_params_init's eta_value).
+    // eta absent means eta_value for every token.
     const float* eta = d.eta.empty() ? ones.data() : d.eta.data();
     in.eta = {eta + b * d.gs[0] + t0 * d.gs[1] + hv, {one, len, one}, {d.gs[0], d.gs[1], 1}};
     if (!d.g.empty())
@@ -365,6 +393,54 @@ Outputs run_reference(const Data& d) {
     kla::ref::forward<R>(in, opt, kla::ref::Algorithm{}, o, fs);
   });
   return out;
+}
+
+/// The magnitude each output is computed from, in o's layout: m = |scale_t| (sum_i S_t[i, j]^2
+/// q_t[i]^2)^(1/2), S_t the state after token t (kla::ref::token_step in double on the same rounded
+/// inputs). A read-out S_t^T q_t whose terms err independently by sigma errs by sigma m, not by
+/// sigma times its own value, which cancellation can make far smaller (tolerance.hpp).
+inline std::vector<double> readout_magnitudes(const Data& d) {
+  const Config& c = d.cfg;
+  const int N = c.N(), group = c.HV / c.H;
+  std::vector<double> m(d.o_elems(), 0.0);
+  kla::ref::Options<double> opt;
+  opt.eps = c.eps;
+  opt.scale = c.resolved_scale();
+  opt.coefficient = c.coefficient == KLA_COEFF_GIVEN ? kla::ref::Coefficient::given
+                                                     : kla::ref::Coefficient::kaczmarz;
+  opt.readout =
+      c.readout == KLA_READOUT_Q_L2NORM ? kla::ref::Readout::q_l2norm : kla::ref::Readout::scale;
+  parallel_for(N * c.HV, [&](int task) {
+    const int n = task / c.HV, hv = task % c.HV, h = hv / group;
+    int64_t b = n, t0 = 0, len = c.T;
+    if (!c.cu_seqlens.empty()) {
+      b = 0;
+      t0 = c.cu_seqlens[n];
+      len = c.cu_seqlens[n + 1] - t0;
+    }
+    kla::ref::Mat<double> S = kla::ref::Mat<double>::Zero(c.K, c.V);
+    if (!d.s0.empty())
+      for (int r = 0; r < c.K; ++r)
+        for (int j = 0; j < c.V; ++j)
+          S(r, j) = d.s0[((int64_t(n) * c.HV + hv) * c.K + r) * c.V + j];
+    kla::ref::Vec<double> alpha(c.K), k(c.K), q(c.K), v(c.V);
+    for (int64_t t = t0; t < t0 + len; ++t) {
+      for (int r = 0; r < c.K; ++r) {
+        k(r) = d.k[b * d.qs[0] + t * d.qs[1] + h * d.qs[2] + r];
+        q(r) = d.q[b * d.qs[0] + t * d.qs[1] + h * d.qs[2] + r];
+      }
+      for (int j = 0; j < c.V; ++j) v(j) = d.v[b * d.vs[0] + t * d.vs[1] + hv * d.vs[2] + j];
+      alpha.setConstant(d.g.empty() ? 1.0 : std::exp(double(d.g[b * d.gs[0] + t * d.gs[1] + hv])));
+      const double eta = d.eta.empty() ? c.eta_value : d.eta[b * d.gs[0] + t * d.gs[1] + hv];
+      kla::ref::token_step<double>(S, alpha, k, v, eta, opt);
+      const double sc = std::abs(kla::ref::readout_scale<double>(q, opt));
+      const kla::ref::Vec<double> q2 = q.cwiseProduct(q);
+      for (int j = 0; j < c.V; ++j)
+        m[b * d.os[0] + t * d.os[1] + hv * d.os[2] + j] =
+            sc * std::sqrt(S.col(j).cwiseProduct(S.col(j)).dot(q2));
+    }
+  });
+  return m;
 }
 
 /// Calls fn(i) for the index of every element the comparisons below look at: the valid elements

@@ -70,8 +70,10 @@ inline PathLedger& path_ledger() {
 }
 
 /// kla_chunk_forward through the pin: see the file comment. Statuses other than success and the
-/// pin's refusal (validation errors the test provokes) pass through unchanged.
-inline kla_status chunk_forward_pinned(const kla_params& p, kla_stream_t s) {
+/// pin's refusal (validation errors the test provokes) pass through unchanged. `ran`, when given,
+/// receives the plan of the call that ran.
+inline kla_status chunk_forward_pinned(const kla_params& p, kla_stream_t s,
+                                       kla_plan* ran = nullptr) {
   const PathPin& pin = pinned_path();
   kla_params q = p;
   if (pin.path != KLA_PATH_AUTO && p.path == KLA_PATH_AUTO) {
@@ -101,6 +103,7 @@ inline kla_status chunk_forward_pinned(const kla_params& p, kla_stream_t s) {
   }
   const kla_status st = kla_chunk_forward(&q, s);
   if (st == KLA_SUCCESS) path_ledger().add_ran(plan);
+  if (ran) *ran = plan;
   return st;
 }
 

@@ -443,6 +443,85 @@ TEST(CudaKernels, ErrorLaunchesNothing) {
   }
 }
 
+// docs/bad_input.md, 'Values': a NaN in a live input gives NaN in the state and the outputs that
+// depend on it; an Inf is IEEE arithmetic, never a crash. Neither leaves its sequence, its value
+// head (unless it is in q or k, which the group's value heads share) or, for a value, its value
+// column; the chunkwise paths may carry it back to the start of its 64-token chunk (their
+// triangular products multiply the zeros above the diagonal by it), never further. Two packed
+// sequences, two value heads; the fault goes into sequence 1 (value head 1 for v and g).
+TEST(CudaKernels, NonFiniteInputsStayWhereTheyDependOn) {
+  KLA_REQUIRE_GPU();
+  enum class Fault { nan_v, nan_q, inf_k, nan_g };
+  for (kla_dtype dt : kDtypes)
+    for (Fault f : {Fault::nan_v, Fault::nan_q, Fault::inf_k, Fault::nan_g}) {
+      Config c;
+      c.dtype = dt;
+      c.B = 1, c.T = 200, c.H = 1, c.HV = 2, c.K = 64, c.V = 64;
+      c.cu_seqlens = {0, 90, 200};
+      c.eps = 1e-6f;
+      c.seed = 61 + int(dt) * 4 + int(f);
+      Data d = make_data(c);
+      const int t0 = 90 + 70, hv = 1, j = 5;  // token 70 of sequence 1 (its second chunk)
+      const float nan = std::nanf(""), inf = INFINITY;
+      switch (f) {
+        case Fault::nan_v: d.v[t0 * d.vs[1] + hv * d.vs[2] + j] = nan; break;
+        case Fault::nan_q: d.q[t0 * d.qs[1] + 0 * d.qs[2] + 3] = nan; break;
+        case Fault::inf_k: d.k[t0 * d.qs[1] + 0 * d.qs[2] + 3] = inf; break;
+        case Fault::nan_g: d.g[t0 * d.gs[1] + hv] = nan; break;
+      }
+      DeviceProblem dp(d);
+      for (Entry e : {Entry::chunk, Entry::tokenwise}) {
+        const Outputs got = run_device(dp, e);
+        const std::string what = std::string(entry_name(e)) + " " + dtype_name(dt) + " fault " +
+                                 std::to_string(int(f)) + " on " + kla_path_name(got.ran.path);
+        auto o_at = [&](int t, int h, int i) { return got.o[t * d.os[1] + h * d.os[2] + i]; };
+        auto s_at = [&](int n, int h, int r, int i) {
+          return got.state[((int64_t(n) * c.HV + h) * c.K + r) * c.V + i];
+        };
+        const bool key_fault = f == Fault::inf_k || f == Fault::nan_q;
+        const int start = e == Entry::chunk ? 90 + (t0 - 90) / 64 * 64 : t0;
+        for (int t = 0; t < c.T; ++t)
+          for (int h = 0; h < c.HV; ++h)
+            for (int i = 0; i < c.V; ++i) {
+              const bool may = t >= start && (h == hv || key_fault) &&
+                               (f != Fault::nan_v || i == j) && (f != Fault::nan_q || t == t0);
+              if (!may) {
+                ASSERT_TRUE(std::isfinite(o_at(t, h, i))) << what << " o t=" << t;
+              }
+            }
+        for (int h = 0; h < c.HV; ++h)
+          for (int r = 0; r < c.K; ++r)
+            for (int i = 0; i < c.V; ++i) {
+              ASSERT_TRUE(std::isfinite(s_at(0, h, r, i))) << what << " sequence 0's state";
+              if (h != hv && !key_fault) {
+                ASSERT_TRUE(std::isfinite(s_at(1, h, r, i))) << what << " head 0's state";
+              }
+            }
+        // Where the policy says NaN, there is NaN.
+        switch (f) {
+          case Fault::nan_v:  // column j of the state and o_t0[j]
+            EXPECT_TRUE(std::isnan(o_at(t0, hv, j))) << what;
+            EXPECT_TRUE(std::isnan(s_at(1, hv, 0, j))) << what;
+            for (int r = 0; r < c.K; ++r)
+              for (int i = 0; i < c.V; ++i)
+                if (i != j) {
+                  ASSERT_TRUE(std::isfinite(s_at(1, hv, r, i))) << what << " column";
+                }
+            break;
+          case Fault::nan_q:  // o_t0 of both value heads (checked above: nothing else)
+            for (int h = 0; h < c.HV; ++h) EXPECT_TRUE(std::isnan(o_at(t0, h, 0))) << what;
+            for (double x : got.state) ASSERT_TRUE(std::isfinite(x)) << what << " state";
+            break;
+          case Fault::nan_g:  // the decay of head hv: its state and its later outputs
+            EXPECT_TRUE(std::isnan(s_at(1, hv, 0, 0))) << what;
+            EXPECT_TRUE(std::isnan(o_at(c.T - 1, hv, 0))) << what;
+            break;
+          case Fault::inf_k: break;  // IEEE arithmetic: no claim beyond confinement
+        }
+      }
+    }
+}
+
 TEST(CudaKernels, CppWrapperThrows) {
   KLA_REQUIRE_GPU();
   kla::cuda::Params p;

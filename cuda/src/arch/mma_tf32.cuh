@@ -14,7 +14,9 @@
 namespace kla::kernels {
 
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
-  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;  // round to nearest (ties away)
+  // Round to nearest (ties away) on the bit pattern; a NaN stays a NaN (the rounding carry would
+  // turn the canonical 0x7fffffff into -0: docs/bad_input.md, 'Values').
+  return x != x ? 0x7fffe000u : (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
 struct FragA {

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "common/kernel_mutants.hpp"
 #include "common/kernel_params.hpp"
 #include "layout/chunk_geometry.hpp"
 
@@ -153,7 +154,7 @@ struct TokenCoef {
 __device__ __forceinline__ TokenCoef token_coef(float k_sqnorm, float eta, float eps,
                                                 int kaczmarz) {
   if (!kaczmarz) return {1.0f, eta};
-  const float d = k_sqnorm + eps;
+  const float d = k_sqnorm + (KLA_MUTANT(beta_eps_zero) && eps == 0.0f ? 0x1p-20f : eps);
   if (!(d > 0.0f)) return {0.0f, 0.0f};
   return {1.0f / sqrtf(d), eta};
 }

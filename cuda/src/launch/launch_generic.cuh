@@ -11,6 +11,7 @@ namespace kla::kernels {
 template <class E>
 cudaError_t launch_generic(const KernelParams& p, const plan::Plan& plan, cudaStream_t stream,
                            const char*& what) {
+  KLA_SYNC_KERNEL_MUTANT(stream, what);  // a no-op outside the mutant build
   what = "the generic chunkwise kernel";
   const GenericTiling t{plan.chunk, plan.value_slice};
   const int64_t bytes = generic_smem_floats(p.K, t) * int64_t(sizeof(float));
@@ -32,6 +33,7 @@ cudaError_t launch_tokenwise_k(const KernelParams& p, cudaStream_t stream) {
 template <class E>
 cudaError_t launch_tokenwise(const KernelParams& p, const plan::Plan& plan, cudaStream_t stream,
                              const char*& what) {
+  KLA_SYNC_KERNEL_MUTANT(stream, what);  // a no-op outside the mutant build
   what = "the tokenwise kernel";
   switch (plan.kmax) {
     case 64: return launch_tokenwise_k<E, 64>(p, stream);

@@ -29,6 +29,7 @@ cudaError_t launch_tf32_scan(const KernelParams& p, cudaStream_t stream, int sta
 template <class E>
 cudaError_t launch_tf32(const KernelParams& p, const plan::Plan& plan, cudaStream_t stream,
                         const char*& what) {
+  KLA_SYNC_KERNEL_MUTANT(stream, what);  // a no-op outside the mutant build
   what = "the TF32 prep";
   const int64_t prep_bytes = tf32_prep_smem_bytes(p.K, int(sizeof(E)));
   cudaError_t e = cudaFuncSetAttribute(

@@ -55,6 +55,7 @@ cudaError_t launch_wy_scan_transposed(const KernelParams& p, cudaStream_t stream
 template <class E, int KD>
 cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_t stream,
                       const char*& what) {
+  KLA_SYNC_KERNEL_MUTANT(stream, what);  // a no-op outside the mutant build
   constexpr bool kTransposable = !std::is_same_v<E, float> && KD % 64 == 0;
   const bool transposed = plan.path == KLA_PATH_WY_TRANSPOSED;
   const int VS = plan.value_slice;

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
     else if (i < kWyGend)
       x = i - C < L ? ksc[i - C] * expf(Gend - Gv[i - C]) : 0.f;
     else if (i == kWyGend)
-      x = expf(Gend);
+      x = expf(KLA_MUTANT(handoff_decay_off_by_one) && L > 1 ? Gv[L - 2] : Gend);
     else if (i >= kWyColU && i < kWyColU + C)
       x = bet[i - kWyColU] * ksc[i - kWyColU];
     else if (i >= kWyColW && i < kWyColW + C)

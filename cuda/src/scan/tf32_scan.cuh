@@ -239,7 +239,12 @@ __global__ void __launch_bounds__(kTf32ScanThreads, 1)
             const int r = mi * 16 + g + (e >> 1) * 8, cc = nj * 8 + 2 * t4 + (e & 1);
             const float x = (d0[e] + d1[e]) + d2[e];
             Ss[r * SP + cc] = x;
-            store_split(Sh, Sl, r * SP + cc, x);
+            if (KLA_MUTANT(tf32_state_16bit)) {  // the operand as bf16 hi + lo (16 bits)
+              const float h = __bfloat162float(__float2bfloat16_rn(x));
+              store_split(Sh, Sl, r * SP + cc, h + __bfloat162float(__float2bfloat16_rn(x - h)));
+            } else {
+              store_split(Sh, Sl, r * SP + cc, x);
+            }
           }
         }
       }

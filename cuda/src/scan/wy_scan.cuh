@@ -334,11 +334,14 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
         float d[NH][3][4] = {};
         tri_split_times_split<NH, SP>(rec + R::th, rec + R::tl, Rh, Rl, mi, n0, d);
         const float w0 = sc[kWyScUpd + mi * 16 + g], w1 = sc[kWyScUpd + mi * 16 + g + 8];
+        // (The mutant keeps the hi hi part alone.)
+        auto x = [&](int nt, int e) {
+          return KLA_MUTANT(split_lo_dropped) ? d[nt][0][e] : parts_sum(d[nt], e);
+        };
 #pragma unroll
         for (int nt = 0; nt < NH; ++nt)
-          store_tile_kmajor(Xs, mi * 16, n0 + nt * 8, w0 * parts_sum(d[nt], 0),
-                            w0 * parts_sum(d[nt], 1), w1 * parts_sum(d[nt], 2),
-                            w1 * parts_sum(d[nt], 3));
+          store_tile_kmajor(Xs, mi * 16, n0 + nt * 8, w0 * x(nt, 0), w0 * x(nt, 1), w1 * x(nt, 2),
+                            w1 * x(nt, 3));
         fence_proxy_async_shared();  // X for step C's wgmma, after the barrier
       }
       KLA_WY_MARK(4);

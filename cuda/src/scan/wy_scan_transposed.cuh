@@ -337,7 +337,8 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
           const float m = accumulator_row_max<1>(&accX, hr);
           const float sn =
               m == 0.f ? sig[hr] : fminf(fmaxf(fp16_range_scale(m), 0x1p-32f), 0x1p32f);
-          gsc[hr] = gend * (sn * pow2_inverse(sig[hr]));
+          gsc[hr] =
+              KLA_MUTANT(transposed_rescale_missed) ? gend : gend * (sn * pow2_inverse(sig[hr]));
           sig[hr] = sn;
         }
       }

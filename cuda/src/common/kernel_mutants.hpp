@@ -1,0 +1,56 @@
+// Planted faults for the kernel mutant run (issue 23, tests/cuda/README.md): a test-only build
+// (CMake option KLA_KERNEL_MUTANTS, preset gpu-mutants) compiles each fault behind a check of one
+// per-translation-unit __constant__ id that the launchers set before every launch; the GPU suite
+// then requires the GPU tests to reject every fault. In every other build KLA_MUTANT(m) is the
+// constant false and no code changes (the kernels' SASS is the same with and without this header).
+#pragma once
+
+namespace kla::kernels {
+
+/// One planted fault each, in the file named beside it.
+enum class KernelMutant : int {
+  none = 0,
+  split_lo_dropped,           // scan/wy_scan.cuh: X = T R keeps only the hi hi part
+  handoff_decay_off_by_one,   // prep/wy_prep.cuh: the chunk's carry decays by gamma_{L-1}
+  beta_eps_zero,              // common/kernel_common.cuh: at eps = 0, beta uses |k|^2 + 2^-20
+  transposed_rescale_missed,  // scan/wy_scan_transposed.cuh: fp16 state rows not rescaled
+  tf32_state_16bit,           // scan/tf32_scan.cuh: the state operand rounded to 16 bits
+  count
+};
+
+/// The mutants' names (kla_testing_set_kernel_mutant, --kla_mutant), index = enum value.
+inline constexpr const char* kKernelMutantNames[] = {
+    "none",          "split_lo_dropped",          "handoff_decay_off_by_one",
+    "beta_eps_zero", "transposed_rescale_missed", "tf32_state_16bit"};
+static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
+              int(KernelMutant::count));
+
+#ifdef KLA_KERNEL_MUTANTS
+/// The active mutant as the host last set it (api/testing.cpp).
+int active_kernel_mutant();
+#ifdef __CUDACC__
+// One copy per translation unit (no relocatable device code): each launcher sets its own.
+static __constant__ int kla_kernel_mutant_id;
+#define KLA_MUTANT(m) (::kla::kernels::kla_kernel_mutant_id == int(::kla::kernels::KernelMutant::m))
+// Sets this translation unit's id before a launch. Skipped while the stream is being captured (a
+// copy from pageable memory cannot be captured): a replay runs with the id last set.
+#define KLA_SYNC_KERNEL_MUTANT(stream, what)                                                       \
+  do {                                                                                             \
+    cudaStreamCaptureStatus cs_ = cudaStreamCaptureStatusNone;                                     \
+    if (cudaStreamIsCapturing(stream, &cs_) == cudaSuccess && cs_ != cudaStreamCaptureStatusNone)  \
+      break;                                                                                       \
+    const int id_ = ::kla::kernels::active_kernel_mutant();                                        \
+    what = "the kernel mutant switch";                                                             \
+    const cudaError_t e_ = cudaMemcpyToSymbolAsync(::kla::kernels::kla_kernel_mutant_id, &id_,     \
+                                                   sizeof id_, 0, cudaMemcpyHostToDevice, stream); \
+    if (e_ != cudaSuccess) return e_;                                                              \
+  } while (0)
+#endif
+#else
+#define KLA_MUTANT(m) false
+#define KLA_SYNC_KERNEL_MUTANT(stream, what) \
+  do {                                       \
+  } while (0)
+#endif
+
+}  // namespace kla::kernels
