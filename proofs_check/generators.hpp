@@ -198,6 +198,64 @@ inline TokenCase token_case(bool nonzero_key) {
   return c;
 }
 
+/// sqrt(x) when x ≥ 0 is the square of a rational, else -1.
+inline Q rational_sqrt(const Q& x) {
+  using boost::multiprecision::mpz_int;
+  const mpz_int n = boost::multiprecision::numerator(x), d = boost::multiprecision::denominator(x);
+  if (n < 0) return Q(-1);
+  const mpz_int sn = boost::multiprecision::sqrt(n), sd = boost::multiprecision::sqrt(d);
+  if (sn * sn != n || sd * sd != d) return Q(-1);
+  return Q(sn) / Q(sd);
+}
+
+/// A rational vector of norm 1: inverse stereographic projection of y ∈ Q^{dk-1}, s = ‖y‖²,
+/// u = ((1−s), 2y)/(1+s), cyclically shifted, random sign.
+inline Vec<Q> unit_direction(Idx dk) {
+  Vec<Q> u(dk);
+  if (dk == 1) {
+    u(0) = Q(1);
+  } else {
+    const Vec<Q> y = *vector(dk - 1);
+    const Q s = y.squaredNorm();
+    Vec<Q> w(dk);
+    w(0) = Q(1) - s;
+    w.tail(dk - 1) = Q(2) * y;
+    const Idx shift = uniform(0, dk - 1);
+    for (Idx c = 0; c < dk; ++c) u((c + shift) % dk) = w(c) / (Q(1) + s);
+  }
+  return *rc::gen::element(false, true) ? Vec<Q>(-u) : u;
+}
+
+/// Redraws the keys of `in` so that every norm r_t = sqrt(‖k_t‖²+ε) is rational, and returns r
+/// (the normalised-key form k̂ = k/r, v̂ = v/r is then exact). Per token, k = ρu with u a
+/// unit_direction, ‖k‖² = ρ². For ε > 0 draw a > 0 and set ρ = (ε/a − a)/2, r = (ε/a + a)/2,
+/// so r² − ρ² = ε (ρ = 0 when a² = ε gives a zero key); for ε = 0 draw ρ ≠ 0 and set r = |ρ|.
+/// One token in eight has k = 0 when ε is a rational square (r = sqrt(ε), or r = 0 for ε = 0,
+/// the degenerate β = 0 token).
+inline Vec<Q> keys_with_rational_norms(ref::HeadInputs<Q>& in, const Q& eps) {
+  const Idx T = in.length(), dk = in.dk();
+  const Q root_eps = rational_sqrt(eps);
+  Vec<Q> r(T);
+  for (Idx t = 0; t < T; ++t) {
+    if (root_eps >= Q(0) && *rc::gen::element(0, 1, 2, 3, 4, 5, 6, 7) == 0) {
+      in.k.row(t).setZero();
+      r(t) = root_eps;
+      continue;
+    }
+    Q rho;
+    if (eps > Q(0)) {
+      const Q a = *positive_rational();
+      rho = (eps / a - a) / Q(2);
+      r(t) = (eps / a + a) / Q(2);
+    } else {
+      rho = *rc::gen::suchThat(rational(), [](const Q& x) { return x != Q(0); });
+      r(t) = rho > Q(0) ? rho : Q(-rho);
+    }
+    in.k.row(t) = (rho * unit_direction(dk)).transpose();
+  }
+  return r;
+}
+
 /// Exact-equality assertion for matrices that names what differed.
 inline void require_equal(const Mat<Q>& a, const Mat<Q>& b, const char* what) {
   if (a.rows() != b.rows() || a.cols() != b.cols() || a != b) {

@@ -144,6 +144,14 @@ struct Ownership {
 const std::vector<Ownership>& ownership() {
   static const std::vector<Ownership> table = {
       {"ext.diagonal_gating", "diag", {Mutant::gate_channel_reversed}},
+      {"grad.adjoint",
+       "gadj",
+       {Mutant::grad_carry_undecayed, Mutant::grad_kaczmarz_norm_term,
+        Mutant::grad_decay_one_channel}},
+      {"grad.chunk_equals_token",
+       "gchk",
+       {Mutant::grad_chunk_gram_term, Mutant::grad_chunk_carry_no_gamma}},
+      {"grad.normalized_key", "gnky", {Mutant::grad_chain_value_term}},
       {"ours.normalized_key", "nkey", {Mutant::value_unnormalized}},
       {"prop1.proximal", "prx1", {Mutant::proximal_mu}},
       {"prop2.contraction", "ctr2", {Mutant::contraction_eps_dropped}},
@@ -307,17 +315,24 @@ int run_mutants(const Options& opt, const std::vector<const Statement*>& sel) {
                "up or errored\n\n";
 
   int without_own = 0;
-  std::cout << std::left << std::setw(24) << "statement" << std::setw(6) << "col" << std::setw(50)
-            << "own mutants"
-            << "rejects its own mutant\n"
-            << std::string(24 + 6 + 50 + 22, '-') << "\n";
-  for (size_t i = 0; i < sel.size(); ++i) {
-    const Ownership* o = owner_entry(sel[i]->id);
+  auto own_list = [](const Ownership* o) {
     std::string own;
     if (o)
       for (const auto m : o->own)
         own += (own.empty() ? "" : ", ") + std::string(kla::ref::mutant_name(m));
-    std::cout << std::setw(24) << sel[i]->id << std::setw(6) << col[i] << std::setw(50)
+    return own;
+  };
+  int own_w = 50;
+  for (const Statement* s : sel)
+    own_w = std::max(own_w, static_cast<int>(own_list(owner_entry(s->id)).size()) + 2);
+  std::cout << std::left << std::setw(24) << "statement" << std::setw(6) << "col"
+            << std::setw(own_w) << "own mutants"
+            << "rejects its own mutant\n"
+            << std::string(static_cast<size_t>(24 + 6 + own_w + 22), '-') << "\n";
+  for (size_t i = 0; i < sel.size(); ++i) {
+    const Ownership* o = owner_entry(sel[i]->id);
+    const std::string own = own_list(o);
+    std::cout << std::setw(24) << sel[i]->id << std::setw(6) << col[i] << std::setw(own_w)
               << (o ? own : "(none in the table)") << (own_rejected[i] ? "yes" : "NO") << std::endl;
     without_own += own_rejected[i] == 0;
   }

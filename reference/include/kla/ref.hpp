@@ -3,6 +3,9 @@
 
 #include "kla/ref/chunk.hpp"
 #include "kla/ref/decay.hpp"
+#include "kla/ref/dual.hpp"
+#include "kla/ref/grad.hpp"
+#include "kla/ref/grad_chunk.hpp"
 #include "kla/ref/normalized_key.hpp"
 #include "kla/ref/projection.hpp"
 #include "kla/ref/recurrence.hpp"

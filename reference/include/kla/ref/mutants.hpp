@@ -6,9 +6,10 @@
 // Two kinds of fault. The four of SPEC §2 are gross: they break the coefficient or the decay
 // bookkeeping that nearly every statement goes through. The others are each aimed at one
 // statement's own claim (a projection, a multiplier, μ, a contraction factor, the chunk system,
-// a WY sum, a read-out, a key normalisation...), planted where that claim's code path runs, so
-// that deleting or weakening that statement's check shows: proofs_check/main.cpp's ownership
-// table says which statement owns which fault, proofs_check/README.md shows the matrix.
+// a WY sum, a read-out, a key normalisation, a backward-pass term...), planted where that claim's
+// code path runs, so that deleting or weakening that statement's check shows:
+// proofs_check/main.cpp's ownership table says which statement owns which fault,
+// proofs_check/README.md shows the matrix.
 #pragma once
 
 #include <array>
@@ -42,23 +43,48 @@ enum class Mutant {
   wy_P_sum_range,            ///< wy_P: Σ over r < i instead of r ≤ i
   wy_H_undecayed,            ///< wy_H: Σ k_r u_rᵀ without the decay ratio Γ(i,r)
   value_unnormalized,        ///< normalize_keys_with: k̂ = k/r but v̂ = v (not v/r)
+  // Backward pass (grad.hpp, grad_chunk.hpp).
+  grad_carry_undecayed,  ///< recurrent_backward: ∂ℓ/∂S_{t−1} = ∂ℓ/∂S̃, diag(α_t) left out
+  grad_kaczmarz_norm_term,  ///< coefficient_backward: β's dependence on ‖k‖² left out of dk
+  grad_decay_one_channel,   ///< scalar decay's dα: channel 0's share, not the channel sum
+  grad_chunk_gram_term,  ///< chunk backward: ∂L_ij/∂k_j (the Gram matrix's column key) left out
+  grad_chunk_carry_no_gamma,  ///< chunk backward: ∂ℓ/∂S_0 += ∂ℓ/∂S_out without diag(γ_C)
+  grad_chain_value_term,      ///< key_l2norm_chain: dk without the −k̂ (v̂·dv̂)/r term
 };
 
 inline constexpr std::array<Mutant, 4> gross_mutants = {
     Mutant::gdn_coefficient, Mutant::eps_dropped, Mutant::gamma_off_by_one, Mutant::nonstrict_mask};
 
-inline constexpr std::array<Mutant, 22> all_mutants = {
-    Mutant::gdn_coefficient,       Mutant::eps_dropped,
-    Mutant::gamma_off_by_one,      Mutant::nonstrict_mask,
-    Mutant::residual_undecayed,    Mutant::project_undecayed,
-    Mutant::multiplier_sign,       Mutant::decay_after_update,
-    Mutant::loss_half_dropped,     Mutant::trace_residual_sign,
-    Mutant::gradient_sign,         Mutant::projection_residual_sign,
-    Mutant::proximal_mu,           Mutant::contraction_eps_dropped,
-    Mutant::chunk_mask_upper,      Mutant::chunk_beta_right,
-    Mutant::chunk_out_strict_mask, Mutant::readout_scale_ignored,
-    Mutant::gate_channel_reversed, Mutant::wy_P_sum_range,
-    Mutant::wy_H_undecayed,        Mutant::value_unnormalized};
+inline constexpr std::array<Mutant, 28> all_mutants = {
+    Mutant::gdn_coefficient,
+    Mutant::eps_dropped,
+    Mutant::gamma_off_by_one,
+    Mutant::nonstrict_mask,
+    Mutant::residual_undecayed,
+    Mutant::project_undecayed,
+    Mutant::multiplier_sign,
+    Mutant::decay_after_update,
+    Mutant::loss_half_dropped,
+    Mutant::trace_residual_sign,
+    Mutant::gradient_sign,
+    Mutant::projection_residual_sign,
+    Mutant::proximal_mu,
+    Mutant::contraction_eps_dropped,
+    Mutant::chunk_mask_upper,
+    Mutant::chunk_beta_right,
+    Mutant::chunk_out_strict_mask,
+    Mutant::readout_scale_ignored,
+    Mutant::gate_channel_reversed,
+    Mutant::wy_P_sum_range,
+    Mutant::wy_H_undecayed,
+    Mutant::value_unnormalized,
+    Mutant::grad_carry_undecayed,
+    Mutant::grad_kaczmarz_norm_term,
+    Mutant::grad_decay_one_channel,
+    Mutant::grad_chunk_gram_term,
+    Mutant::grad_chunk_carry_no_gamma,
+    Mutant::grad_chain_value_term,
+};
 
 constexpr std::string_view mutant_name(Mutant m) {
   switch (m) {
@@ -85,6 +111,12 @@ constexpr std::string_view mutant_name(Mutant m) {
     case Mutant::wy_P_sum_range: return "wy_P_sum_range";
     case Mutant::wy_H_undecayed: return "wy_H_undecayed";
     case Mutant::value_unnormalized: return "value_unnormalized";
+    case Mutant::grad_carry_undecayed: return "grad_carry_undecayed";
+    case Mutant::grad_kaczmarz_norm_term: return "grad_kaczmarz_norm_term";
+    case Mutant::grad_decay_one_channel: return "grad_decay_one_channel";
+    case Mutant::grad_chunk_gram_term: return "grad_chunk_gram_term";
+    case Mutant::grad_chunk_carry_no_gamma: return "grad_chunk_carry_no_gamma";
+    case Mutant::grad_chain_value_term: return "grad_chain_value_term";
   }
   return "?";
 }
