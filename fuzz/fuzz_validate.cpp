@@ -186,7 +186,7 @@ std::optional<kla_status> early_status(const kla_params& p) {
   const auto dt = raw_enum(p.dtype), co = raw_enum(p.coefficient), ro = raw_enum(p.readout);
   const auto fm = raw_enum(p.fp32_math), path = raw_enum(p.path);
   if (dt < 0 || dt > 2) return KLA_ERROR_UNSUPPORTED_DTYPE;
-  if (co < 0 || co > 1 || ro < 0 || ro > 1 || fm < 0 || fm > 1) return KLA_ERROR_INVALID_VALUE;
+  if (co < 0 || co > 1 || ro < 0 || ro > 2 || fm < 0 || fm > 1) return KLA_ERROR_INVALID_VALUE;
   if (path < KLA_PATH_AUTO || path > KLA_PATH_TOKENWISE) return KLA_ERROR_INVALID_VALUE;
   if (!valid_value_slice(p.value_slice)) return KLA_ERROR_INVALID_VALUE;
   if (p.value_slice != 0 && path == KLA_PATH_AUTO) return KLA_ERROR_INVALID_VALUE;
@@ -214,7 +214,7 @@ Verdict independent(const kla_params& p, const HostArrays& a) {
   if (p.abi_version != KLA_ABI_VERSION || p.struct_size != sizeof(kla_params)) return KLA_INVALID();
   const auto dt = raw_enum(p.dtype), co = raw_enum(p.coefficient), ro = raw_enum(p.readout);
   const auto fm = raw_enum(p.fp32_math), path = raw_enum(p.path);
-  if (dt < 0 || dt > 2 || co < 0 || co > 1 || ro < 0 || ro > 1 || fm < 0 || fm > 1)
+  if (dt < 0 || dt > 2 || co < 0 || co > 1 || ro < 0 || ro > 2 || fm < 0 || fm > 1)
     return KLA_INVALID();
   // ABI 4: a known path; value_slice 0 or one of the documented widths, nonzero only with an
   // explicit path.
@@ -253,7 +253,8 @@ Verdict independent(const kla_params& p, const HostArrays& a) {
   }
   if (!p.eta && !std::isfinite(p.eta_value)) return KLA_INVALID();
   if (!std::isfinite(p.eps) || p.eps < 0) return KLA_INVALID();
-  if (ro == KLA_READOUT_SCALE && !std::isfinite(p.scale)) return KLA_INVALID();
+  // The scale is read by the SCALE and QK_L2NORM read-outs.
+  if (ro != KLA_READOUT_Q_L2NORM && !std::isfinite(p.scale)) return KLA_INVALID();
   std::int64_t N = B;
   if (bool(p.cu_seqlens) != bool(p.cu_seqlens_host)) return KLA_INVALID();
   if (p.cu_seqlens) {
@@ -398,7 +399,7 @@ void build_valid(Bytes& r, kla_params& p, HostArrays& a) {
   p.eps = r.flag() ? 0.0f : float(r.u8()) / 64.0f;
   p.scale = float(r.u8()) / 16.0f;
   set_enum(p.coefficient, r.range(0, 2));
-  set_enum(p.readout, r.range(0, 2));
+  set_enum(p.readout, r.range(0, 3));
   std::int64_t N = B;
   if (B == 1 && r.flag()) {
     N = r.range(1, 6);

@@ -96,10 +96,16 @@ def _gate(t, name, v):
     return _last_contiguous(t)
 
 
-def _l2norm(x):
-    """FLA's l2norm: x / sqrt(sum x^2 + 1e-6) in fp32, rounded to x's dtype."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.square().sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
+def _qk_readout(readout, use_qk_l2norm_in_kernel):
+    """use_qk_l2norm_in_kernel: the kernels' QK_L2NORM read-out, which normalises q and k as FLA's
+    l2norm does (x / sqrt(sum x^2 + 1e-6)) in fp32 inside the kernel, nothing rounded to the
+    dtype, and keeps the scale."""
+    if not use_qk_l2norm_in_kernel:
+        return readout
+    if readout == P.READOUT_Q_L2NORM:
+        raise ValueError("kla: use_qk_l2norm_in_kernel=True and readout='q_l2norm' both normalise "
+                         "q: pick one")
+    return P.READOUT_QK_L2NORM
 
 
 def _seqlens(q, cu_seqlens, cu_seqlens_cpu):
@@ -181,8 +187,7 @@ def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_s
     cu_seqlens, cu_seqlens_cpu = _seqlens(q, cu_seqlens, cu_seqlens_cpu)
     n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     scale = _scale(scale, q, readout)
-    if use_qk_l2norm_in_kernel:
-        q, k = _l2norm(q), _l2norm(k)
+    readout = _qk_readout(readout, use_qk_l2norm_in_kernel)
     q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
     g, eta = _gate(g, "g", v), _gate(eta, "beta" if coefficient else "eta", v)
     h0 = _state_in(initial_state, q, v, n, state_v_first)
@@ -214,8 +219,7 @@ def _recurrent(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_fin
     cu_seqlens, cu_seqlens_cpu = _seqlens(q, cu_seqlens, cu_seqlens_cpu)
     n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     scale = _scale(scale, q, readout)
-    if use_qk_l2norm_in_kernel:
-        q, k = _l2norm(q), _l2norm(k)
+    readout = _qk_readout(readout, use_qk_l2norm_in_kernel)
     q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
     g, eta = _gate(g, "g", v), _gate(eta, "beta" if coefficient else "eta", v)
     common = (scale, float(eps), float(eta_value), coefficient, readout)

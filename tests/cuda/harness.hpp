@@ -95,6 +95,7 @@ struct Config {
         (!has_eta && eta_value != 1.0f ? " eta_value=" + std::to_string(eta_value) : "") +
         (coefficient == KLA_COEFF_GIVEN ? " given-beta" : "") +
         (readout == KLA_READOUT_Q_L2NORM ? " q-l2" : "") +
+        (readout == KLA_READOUT_QK_L2NORM ? " qk-l2" : "") +
         (dtype == KLA_DTYPE_FP32 && fp32_math == KLA_FP32_MATH_FAST ? " fp32-fast" : "") +
         " seed=" + std::to_string(seed);
     if (!cu_seqlens.empty()) {
@@ -161,6 +162,13 @@ inline Data make_data(const Config& c) {
     for (auto& x : d.s0) x = float(0.3 * nd(rng));
   }
   return d;
+}
+
+/// The reference's read-out for a kla_readout.
+inline kla::ref::Readout ref_readout(kla_readout r) {
+  return r == KLA_READOUT_Q_L2NORM    ? kla::ref::Readout::q_l2norm
+         : r == KLA_READOUT_QK_L2NORM ? kla::ref::Readout::qk_l2norm
+                                      : kla::ref::Readout::scale;
 }
 
 /// Device buffers for one problem, inputs converted to the dtype. o and final state are
@@ -353,8 +361,7 @@ Outputs run_reference(const Data& d) {
   opt.scale = R(c.resolved_scale());
   opt.coefficient = c.coefficient == KLA_COEFF_GIVEN ? kla::ref::Coefficient::given
                                                      : kla::ref::Coefficient::kaczmarz;
-  opt.readout =
-      c.readout == KLA_READOUT_Q_L2NORM ? kla::ref::Readout::q_l2norm : kla::ref::Readout::scale;
+  opt.readout = ref_readout(c.readout);
   const std::vector<float> ones(std::size_t(c.B) * c.T * c.HV, c.eta_value);
   parallel_for(N * c.HV, [&](int task) {
     const int n = task / c.HV, hv = task % c.HV, h = hv / group;
@@ -408,8 +415,7 @@ inline std::vector<double> readout_magnitudes(const Data& d) {
   opt.scale = c.resolved_scale();
   opt.coefficient = c.coefficient == KLA_COEFF_GIVEN ? kla::ref::Coefficient::given
                                                      : kla::ref::Coefficient::kaczmarz;
-  opt.readout =
-      c.readout == KLA_READOUT_Q_L2NORM ? kla::ref::Readout::q_l2norm : kla::ref::Readout::scale;
+  opt.readout = ref_readout(c.readout);
   parallel_for(N * c.HV, [&](int task) {
     const int n = task / c.HV, hv = task % c.HV, h = hv / group;
     int64_t b = n, t0 = 0, len = c.T;
@@ -430,6 +436,10 @@ inline std::vector<double> readout_magnitudes(const Data& d) {
         q(r) = d.q[b * d.qs[0] + t * d.qs[1] + h * d.qs[2] + r];
       }
       for (int j = 0; j < c.V; ++j) v(j) = d.v[b * d.vs[0] + t * d.vs[1] + hv * d.vs[2] + j];
+      if (c.readout == KLA_READOUT_QK_L2NORM) {  // the inputs the read-out sees (tolerance.hpp)
+        k /= std::sqrt(k.squaredNorm() + opt.l2norm_eps);
+        q /= std::sqrt(q.squaredNorm() + opt.l2norm_eps);
+      }
       alpha.setConstant(d.g.empty() ? 1.0 : std::exp(double(d.g[b * d.gs[0] + t * d.gs[1] + hv])));
       const double eta = d.eta.empty() ? c.eta_value : d.eta[b * d.gs[0] + t * d.gs[1] + hv];
       kla::ref::token_step<double>(S, alpha, k, v, eta, opt);

@@ -46,6 +46,14 @@ TEST(CudaKernels, FixedShapesAgainstMpfr) {
     b.readout = KLA_READOUT_Q_L2NORM;
     b.seed = 21 + int(dt);
     cfgs.push_back(b);
+    Config qk = a;  // FLA's use_qk_l2norm_in_kernel: q and k normalised in the kernel, scale kept
+    qk.readout = KLA_READOUT_QK_L2NORM;
+    qk.scale = 0.3f;
+    qk.seed = 41 + int(dt);
+    cfgs.push_back(qk);
+    qk.coefficient = KLA_COEFF_GIVEN;  // the GDN call FLA users make
+    qk.seed = 51 + int(dt);
+    cfgs.push_back(qk);
     Config g = a;  // given beta (plain GDN), no decay, no initial state
     g.coefficient = KLA_COEFF_GIVEN;
     g.knorm_lo = 0.5, g.knorm_hi = 1.0;

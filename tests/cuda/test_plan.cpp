@@ -397,7 +397,7 @@ TEST(PlanBenchmarkShapes, Fp16OnH200) {
 //   VS = 8:  2 stages 251392 B (too large); 1 stage 145664 B, cap 132, 256 blocks: 2 x 1.5 = 3;
 //   VS = 16: 2 stages 282112 (too large); 1 stage 174336 B, cap 132, 128 blocks: 1 x 2 = 2;
 //   VS = 32: 1 stage 231680 B, cap 132, 64 blocks: 1 x 3 = 3.
-// -> 16 columns, one stage, 174336 B. The TF32 prep: (16896 + 64 x 68 + 256) x 4 = 86016 B.
+// -> 16 columns, one stage, 174336 B. The TF32 prep: (16896 + 64 x 68 + 320) x 4 = 86272 B.
 TEST(PlanBenchmarkShapes, Fp32OnH200) {
   {
     Call c(shape(KLA_DTYPE_FP32, 1, 32768, 16));
@@ -407,7 +407,7 @@ TEST(PlanBenchmarkShapes, Fp32OnH200) {
     EXPECT_EQ(o.plan.stages, 1);
     EXPECT_EQ(o.plan.threads, 256);
     EXPECT_EQ(o.plan.smem_bytes, 174336);
-    EXPECT_EQ(o.plan.prep_smem_bytes, 86016);
+    EXPECT_EQ(o.plan.prep_smem_bytes, 86272);
     EXPECT_EQ(o.plan.blocks, 128);
     EXPECT_EQ(o.plan.prep_blocks, 512 * 16);
     EXPECT_EQ(o.plan.workspace_bytes, std::size_t(512 * 16 * kRecord));
@@ -502,7 +502,7 @@ TEST(PlanDevices, Sm80) {
     EXPECT_PLAN(o, KLA_PATH_TF32, 16);
     EXPECT_EQ(o.plan.stages, 1);
     EXPECT_EQ(o.plan.smem_bytes, 139520);
-    EXPECT_EQ(o.plan.prep_smem_bytes, 53248);
+    EXPECT_EQ(o.plan.prep_smem_bytes, 53504);
     EXPECT_TRUE(Contains(o.reason,
                          "not wy: compute capability 8.0: the WY kernels are sm_90a "
                          "code (9.0 only)"));
@@ -536,7 +536,7 @@ void expect_h200_bf16_tf32(const Outcome& o) {
 }
 
 TEST(PlanDevices, SmallSharedMemory) {
-  {  // sm_86, 99 KB, bf16 K = 128: the TF32 prep fits (53248 B), no TF32 scan does (the
+  {  // sm_86, 99 KB, bf16 K = 128: the TF32 prep fits (53504 B), no TF32 scan does (the
      // smallest, VS = 8 with one stage, needs 111872 B) -> generic: b32 = 64 < 2 x 84 -> 16
      // columns; K > 64 -> 32-token chunks: (2 x 32 x 129 + 128 x 17 + 2 x 32 x 17 + 2 x 32 x 33 +
      // 128) x 4 = 55040 B.
@@ -558,16 +558,16 @@ TEST(PlanDevices, SmallSharedMemory) {
     EXPECT_PLAN(o, KLA_PATH_TF32, 8);
     EXPECT_EQ(o.plan.stages, 1);
     EXPECT_EQ(o.plan.smem_bytes, 86272);
-    EXPECT_EQ(o.plan.prep_smem_bytes, 40448);
+    EXPECT_EQ(o.plan.prep_smem_bytes, 40704);
   }
-  {  // fp32 K = 256: the TF32 prep needs (2 x 64 x 260 + 64 x 68 + 256) x 4 = 151552 B; the
+  {  // fp32 K = 256: the TF32 prep needs (2 x 64 x 260 + 64 x 68 + 320) x 4 = 151808 B; the
      // generic kernel, 16 columns (b32 = 16 < 168), 32-token chunks: 96512 B.
     Call c(shape(KLA_DTYPE_FP32, 1, 4096, 4, 256, 128));
     const Outcome o = plan_for(c.p, kSm86);
     EXPECT_PLAN(o, KLA_PATH_GENERIC, 16);
     EXPECT_EQ(o.plan.smem_bytes, 96512);
     EXPECT_TRUE(Contains(o.reason,
-                         "not tf32: the TF32 prep needs 151552 bytes of shared memory a "
+                         "not tf32: the TF32 prep needs 151808 bytes of shared memory a "
                          "block, the device allows 101376"));
   }
 }
@@ -726,7 +726,7 @@ TEST(PlanDeclines, WyPrepGrid) {
 TEST(PlanDeclines, WyPrepSharedMemory) {
   // A 9.0 device described with 40 KB: the bf16 K = 64 WY prep needs (1152 x 4 + 2 x 5120 = 14848
   // rounded up to 15360)
-  // + 2 x 17408 + 1792 = 51968 B; the TF32 prep fits (40448 B), no TF32 scan does (86272 B at
+  // + 2 x 17408 + 1792 = 51968 B; the TF32 prep fits (40704 B), no TF32 scan does (86272 B at
   // least); the generic kernel, 16 columns, 32-token chunks (64 would need 80640 B):
   // (2 x 32 x 65 + 64 x 17 + 2 x 32 x 17 + 2 x 32 x 33 + 128) x 4 = 34304 B.
   const kla_device_info small90{9, 0, 132, 40960, 1};

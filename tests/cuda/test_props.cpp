@@ -74,7 +74,7 @@ Config gen_config() {
   }
   c.eps = *rc::gen::elementOf(std::vector<float>(std::begin(kEps), std::end(kEps)));
   c.coefficient = *rc::gen::element(KLA_COEFF_KACZMARZ, KLA_COEFF_KACZMARZ, KLA_COEFF_GIVEN);
-  c.readout = *rc::gen::element(KLA_READOUT_SCALE, KLA_READOUT_Q_L2NORM);
+  c.readout = *rc::gen::element(KLA_READOUT_SCALE, KLA_READOUT_Q_L2NORM, KLA_READOUT_QK_L2NORM);
   c.has_g = *rc::gen::arbitrary<bool>();
   c.decay_max = *rc::gen::element(0.01, 0.2, 1.0, 5.0);
   c.has_eta = *rc::gen::arbitrary<bool>();
@@ -231,6 +231,7 @@ void prop_normalized(Entry e) {
   Config c = gen_config();
   c.dtype = KLA_DTYPE_FP32;
   c.coefficient = KLA_COEFF_KACZMARZ;
+  if (c.readout == KLA_READOUT_QK_L2NORM) c.readout = KLA_READOUT_SCALE;  // it renormalises k
   c.knorm_lo = 1e-2, c.knorm_hi = 1e1;
   const Data d = make_data(c);
   Data dn = d;

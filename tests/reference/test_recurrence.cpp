@@ -174,6 +174,47 @@ TEST(RecurrenceHand, QL2NormReadoutInDouble) {
   EXPECT_DOUBLE_EQ(readout_scale<double>(Vec<double>::Zero(2), opt), 0.0);
 }
 
+TEST(RecurrenceHand, QkL2NormNormalisesQueryAndKeyAndKeepsScale) {
+  // FLA's use_qk_l2norm_in_kernel with eps_n = 0 (Options::l2norm_eps), Kaczmarz, eps = 0,
+  // scale 2, from S = 0:
+  //  t1: k = (0,2) -> k^ = (0,1), beta = 1/1, v = 3: S1 = (0,3)^T; q = (3,4) -> q^ = (3/5,4/5):
+  //      o1 = 2 * 3 * 4/5 = 24/5 (raw keys would give beta = 1/4, S1 = (0,3/2), o1 = 12)
+  //  t2: k = (4,0) -> k^ = (1,0), v = 1: e = 1, S2 = (1,3)^T; q = (0,8) -> (0,1): o2 = 2 * 3 = 6
+  HeadInputs<double> in;
+  in.k.resize(2, 2);
+  in.k << 0, 2, 4, 0;
+  in.q.resize(2, 2);
+  in.q << 3, 4, 0, 8;
+  in.v.resize(2, 1);
+  in.v << 3, 1;
+  in.eta = Vec<double>::Ones(2);
+  Options<double> opt;
+  opt.eps = 0;
+  opt.scale = 2;
+  opt.l2norm_eps = 0;
+  opt.readout = Readout::qk_l2norm;
+  const auto out = recurrent_forward(in, opt);
+  const double u = ScalarTraits<double>::unit_roundoff();
+  EXPECT_NEAR(out.o(0, 0), 24.0 / 5.0, 3 * u * 4.8);  // q^ rounds once, the product twice
+  EXPECT_EQ(out.o(1, 0), 6.0);
+  EXPECT_EQ(out.state(0, 0), 1.0);
+  EXPECT_EQ(out.state(1, 0), 3.0);
+  // The chunkwise form applies the same change of inputs: equal to the last bit here.
+  const auto chk = kla::ref::chunk_forward(in, opt, 2);
+  EXPECT_EQ(chk.o(1, 0), 6.0);
+  EXPECT_NEAR(chk.o(0, 0), 24.0 / 5.0, 3 * u * 4.8);
+  // With FLA's eps_n = 1e-6 the key (0,2) becomes k1 = (0, 2/sqrt(4 + 1e-6)), |k1| < 1, and
+  // S1 = 3 / |k1| (eps = 0): the read-out moves by about 1.2e-7 relative, not more.
+  opt.l2norm_eps = 1e-6;
+  const auto fla = recurrent_forward(in, opt);
+  EXPECT_NEAR(fla.o(0, 0), 24.0 / 5.0, 24.0 / 5.0 * 1e-6);
+  EXPECT_NE(fla.o(0, 0), out.o(0, 0));
+  // Rationals have no sqrt: refused, as for the q l2-norm read-out.
+  Options<Rational> ropt;
+  ropt.readout = Readout::qk_l2norm;
+  EXPECT_THROW(recurrent_forward(case_a(), ropt), std::invalid_argument);
+}
+
 TEST(RecurrenceHand, QL2NormNeedsSqrt) {
   Options<Rational> opt;
   opt.readout = Readout::q_l2norm;

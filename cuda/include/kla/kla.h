@@ -80,8 +80,15 @@ typedef enum kla_dtype { KLA_DTYPE_FP32 = 0, KLA_DTYPE_BF16 = 1, KLA_DTYPE_FP16 
  * the raw key, or given beta = eta (plain gated delta rule, keys used as they are). */
 typedef enum kla_coefficient { KLA_COEFF_KACZMARZ = 0, KLA_COEFF_GIVEN = 1 } kla_coefficient;
 
-/* How o is read: o = S^T q * scale, or o = S^T q / |q| (in-kernel q l2-norm; 0 for q = 0). */
-typedef enum kla_readout { KLA_READOUT_SCALE = 0, KLA_READOUT_Q_L2NORM = 1 } kla_readout;
+/* How o is read: o = S^T q * scale; o = S^T q / |q| (in-kernel q l2-norm; 0 for q = 0; scale
+ * unused); or QK_L2NORM, flash-linear-attention's use_qk_l2norm_in_kernel: q and k each replaced
+ * by x / sqrt(|x|^2 + 1e-6) in fp32 inside the kernel (nothing rounded to the dtype), the
+ * coefficient formed from the normalised key, and o = S^T q^ * scale. */
+typedef enum kla_readout {
+  KLA_READOUT_SCALE = 0,
+  KLA_READOUT_Q_L2NORM = 1,
+  KLA_READOUT_QK_L2NORM = 2
+} kla_readout;
 
 /* Arithmetic of the fp32 chunkwise prefill (ignored for bf16 / fp16 and by the tokenwise entry
  * point). ACCURATE (default): every product keeps ~21 significant bits (fp32 operands split into
@@ -141,7 +148,7 @@ typedef struct kla_params {
   float eta_value;
 
   float eps;   /* >= 0 */
-  float scale; /* read-out scale (KLA_READOUT_SCALE); kla_params_init sets K^-1/2 */
+  float scale; /* read-out scale (SCALE, QK_L2NORM); kla_params_init sets K^-1/2 */
   kla_coefficient coefficient;
   kla_readout readout;
 

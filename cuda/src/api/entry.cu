@@ -15,8 +15,8 @@ namespace {
 
 using kla::detail::fail;
 
-kla_status plan_for_current_device(const kla_params* p, bool chunk, kla::plan::Plan& plan) {
-  if (kla_status s = kla_validate(p)) return s;
+// Plans already validated params on the current device.
+kla_status plan_validated(const kla_params* p, bool chunk, kla::plan::Plan& plan) {
   kla::plan::DeviceInfo dev;
   if (kla_status s = kla::detail::current_device(dev)) return s;
   return chunk ? kla::plan::plan_chunk(*p, dev, kla::plan::this_build(), plan)
@@ -24,8 +24,9 @@ kla_status plan_for_current_device(const kla_params* p, bool chunk, kla::plan::P
 }
 
 kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char* entry) {
+  if (kla_status s = kla_validate(p)) return s;
   kla::plan::Plan plan;
-  if (kla_status s = plan_for_current_device(p, chunk, plan)) return s;
+  if (kla_status s = plan_validated(p, chunk, plan)) return s;
   const char* what = "the launch";
   const cudaError_t e = kla::kernels::launch(kla::detail::translate(*p, plan), plan, p->dtype,
                                              static_cast<cudaStream_t>(stream), what);
@@ -39,7 +40,7 @@ kla_status plan_entry(const kla_params* p, bool chunk, kla_plan* out) {
   if (kla_status s = kla_validate(p)) return s;
   if (!out) return fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
   kla::plan::Plan plan;
-  if (kla_status s = plan_for_current_device(p, chunk, plan)) return s;
+  if (kla_status s = plan_validated(p, chunk, plan)) return s;
   kla::plan::to_c(plan, *out);
   return KLA_SUCCESS;
 }

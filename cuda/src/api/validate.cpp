@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <unordered_set>
 
@@ -39,13 +38,6 @@ bool aligned16(const void* p) {
 
 std::size_t dtype_bytes(kla_dtype d) {
   return d == KLA_DTYPE_FP32 ? 4 : 2;
-}
-
-template <class... A>
-std::string cat(const A&... a) {
-  std::ostringstream os;
-  (os << ... << a);
-  return os.str();
 }
 
 // Checks the B, T, head strides of a 4-d tensor [B,T,X,last] (last contiguous). A stride of a
@@ -175,7 +167,8 @@ kla_status kla_validate(const kla_params* p) {
     return fail(KLA_ERROR_UNSUPPORTED_DTYPE, cat("dtype = ", dtype, " is not fp32, bf16 or fp16"));
   if (coef != KLA_COEFF_KACZMARZ && coef != KLA_COEFF_GIVEN)
     return fail(KLA_ERROR_INVALID_VALUE, cat("coefficient = ", coef, " is unknown"));
-  if (readout != KLA_READOUT_SCALE && readout != KLA_READOUT_Q_L2NORM)
+  if (readout != KLA_READOUT_SCALE && readout != KLA_READOUT_Q_L2NORM &&
+      readout != KLA_READOUT_QK_L2NORM)
     return fail(KLA_ERROR_INVALID_VALUE, cat("readout = ", readout, " is unknown"));
   const int fp32_math = enum_bits(p->fp32_math);
   if (fp32_math != KLA_FP32_MATH_ACCURATE && fp32_math != KLA_FP32_MATH_FAST)
@@ -251,7 +244,7 @@ kla_status kla_validate(const kla_params* p) {
     return fail(KLA_ERROR_INVALID_VALUE, "eta_value is not finite");
   if (!std::isfinite(p->eps) || p->eps < 0.0f)
     return fail(KLA_ERROR_INVALID_VALUE, cat("eps = ", p->eps, " must be finite and >= 0"));
-  if (readout == KLA_READOUT_SCALE && !std::isfinite(p->scale))
+  if (readout != KLA_READOUT_Q_L2NORM && !std::isfinite(p->scale))
     return fail(KLA_ERROR_INVALID_VALUE, "scale is not finite");
 
   // Sequences.

@@ -144,23 +144,37 @@ __device__ __forceinline__ ScanTile scan_tile(const KernelParams& p, int K, int 
   return t;
 }
 
+/// epsilon of the qk l2-norm read-out (flash-linear-attention's l2norm): x / sqrt(|x|^2 + 1e-6).
+constexpr float kQkL2NormEps = 1e-6f;
+
 /// The per-token coefficients of the normalised-key form (SPEC §1): KLA(q,k,v,eta) equals
 /// GDN(q, k^, v^, beta = eta) with k^ = k/r, v^ = v/r, r = sqrt(|k|^2 + eps). Kernels scale
-/// keys and values by `kscale` and use `beta`; for |k|^2 + eps == 0 both are 0 (the degenerate
-/// convention: the token only decays). Given mode: kscale = 1, beta = eta.
+/// keys by `kscale`, values by `vscale` and use `beta`; for |k|^2 + eps == 0 all are 0 (the
+/// degenerate convention: the token only decays). Given mode: kscale = vscale = 1, beta = eta.
+/// With the qk l2-norm read-out the key is first k / r_n, r_n = sqrt(|k|^2 + kQkL2NormEps): then
+/// kscale = 1 / (r_n r'), vscale = 1 / r' with r' = sqrt(|k|^2 / r_n^2 + eps) (given mode: r' = 1).
+/// The chunkwise paths form the residual as kscale (rho v - K S) with rho = vscale / kscale.
 struct TokenCoef {
-  float kscale, beta;
+  float kscale, vscale, beta;
 };
-__device__ __forceinline__ TokenCoef token_coef(float k_sqnorm, float eta, float eps,
-                                                int kaczmarz) {
-  if (!kaczmarz) return {1.0f, eta};
+__device__ __forceinline__ TokenCoef token_coef(float k_sqnorm, float eta, const KernelParams& p) {
+  float kn = 1.0f;  // 1 / r_n
+  if (p.l2norm == 2) {
+    const float rn2 = k_sqnorm + kQkL2NormEps;
+    kn = 1.0f / sqrtf(rn2);
+    k_sqnorm = k_sqnorm / rn2;
+  }
+  if (!p.kaczmarz) return {kn, 1.0f, eta};
+  const float eps = p.eps;
   const float d = k_sqnorm + (KLA_MUTANT(beta_eps_zero) && eps == 0.0f ? 0x1p-20f : eps);
-  if (!(d > 0.0f)) return {0.0f, 0.0f};
-  return {1.0f / sqrtf(d), eta};
+  if (!(d > 0.0f)) return {0.0f, 0.0f, 0.0f};
+  const float s = 1.0f / sqrtf(d);
+  return {s * kn, s, eta};
 }
 
 __device__ __forceinline__ float readout_scale(float q_sqnorm, const KernelParams& p) {
-  if (!p.l2norm) return p.scale;
+  if (p.l2norm == 0) return p.scale;
+  if (p.l2norm == 2) return p.scale / sqrtf(q_sqnorm + kQkL2NormEps);
   return q_sqnorm > 0.0f ? 1.0f / sqrtf(q_sqnorm) : 0.0f;
 }
 

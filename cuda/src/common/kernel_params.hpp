@@ -23,7 +23,7 @@ struct KernelParams {
   float eps;
   float scale;
   int kaczmarz;  // 1: beta = eta/(|k|^2+eps); 0: beta = eta
-  int l2norm;    // 1: read-out 1/|q|; 0: scale
+  int l2norm;    // 0: read-out scale; 1: 1/|q|; 2: q and k normalised (kQkL2NormEps), then scale
   // State addressing: sequence n uses s_in/s_out + (n*HV + hv)*K*V, or, with `indices`,
   // pool + (indices[n]*HV + hv)*K*V for both (in place; index < 0 skips the sequence).
   const float* s_in;

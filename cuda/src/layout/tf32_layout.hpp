@@ -19,7 +19,7 @@ constexpr int64_t tf32_prep_kq_floats(int K, int esize) {
   return kq > tm ? kq : tm;
 }
 constexpr int64_t tf32_prep_smem_bytes(int K, int esize) {
-  return (tf32_prep_kq_floats(K, esize) + int64_t(kChunk) * kMatrixPitch + 4LL * kChunk) * 4;
+  return (tf32_prep_kq_floats(K, esize) + int64_t(kChunk) * kMatrixPitch + 5LL * kChunk) * 4;
 }
 
 /// Scan: pitch (floats) of the VS-wide state and value tiles, == 4 mod 16 so that the permuted

@@ -2,20 +2,14 @@
 // the numbers, so a caller reading kla_plan.reason can act on it.
 #include "plan/paths.hpp"
 
-#include <sstream>
-
+#include "api/errors.hpp"
 #include "layout/tf32_layout.hpp"
 #include "layout/wy_layout.hpp"
 
 namespace kla::plan {
 namespace {
 
-template <class... A>
-std::string cat(const A&... a) {
-  std::ostringstream os;
-  (os << ... << a);
-  return os.str();
-}
+using detail::cat;
 
 std::string smem_clause(const char* what, int64_t need, const DeviceInfo& dev) {
   if (need <= dev.max_smem) return "";

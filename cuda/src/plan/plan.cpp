@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
 #include "api/errors.hpp"
 #include "layout/tf32_layout.hpp"
@@ -18,12 +17,7 @@ namespace {
 
 using layout::Elem;
 
-template <class... A>
-std::string cat(const A&... a) {
-  std::ostringstream os;
-  (os << ... << a);
-  return os.str();
-}
+using detail::cat;
 
 const char* elem_name(Elem e) {
   return e == Elem::F32 ? "fp32" : e == Elem::BF16 ? "bf16" : "fp16";
@@ -233,6 +227,7 @@ kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInf
   const kla_path want = p.path;
   const int vs = p.value_slice;
   out = Plan{};
+  out.num_seqs = pb.N, out.max_chunks = pb.max_chunks;  // for translate: described once a call
   if (want == KLA_PATH_TOKENWISE)
     return refuse(want, "it is kla_tokenwise_forward's path, not kla_chunk_forward's");
 
@@ -334,6 +329,7 @@ kla_status plan_tokenwise(const kla_params& p, const DeviceInfo& dev, Plan& out)
     return refuse(KLA_PATH_TOKENWISE,
                   cat("value_slice = ", p.value_slice, " (the tokenwise kernel takes 16 columns)"));
   const Problem pb = describe(p);
+  out.num_seqs = pb.N, out.max_chunks = pb.max_chunks;
   out.path = KLA_PATH_TOKENWISE;
   out.value_slice = layout::kTokSlice;
   out.threads = layout::kTokWarps * 32;

@@ -42,6 +42,8 @@ struct Plan {
   int64_t workspace_bytes = 0;  // of kla_params.workspace this plan uses
   bool prep_images = false;     // the WY prep writes the K / Q images (the [token][column] scan)
   int kmax = 0;                 // tokenwise register family (64, 128, 256)
+  int64_t num_seqs = 0;         // N: batch, or num_seqs with cu_seqlens
+  int64_t max_chunks = 0;       // 64-token chunks of the longest sequence
   std::string reason;
 };
 

@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(kTf32PrepThreads)
   float* bet = ksc + C;                                       // beta
   float* qsc = bet + C;                                       // read-out scale
   float* Gv = qsc + C;                                        // log decay, then cumulative
+  float* vsc = Gv + C;                                        // value scale
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kTf32PrepThreads)
   token_scalars_preload(p, sr, tb, L, hv, bet, Gv);
   cp_wait<0>();
   __syncthreads();
-  chunk_token_scalars(p, L, ks, qs, KP, K, ksc, bet, qsc, Gv);
+  chunk_token_scalars(p, L, ks, qs, KP, K, ksc, vsc, bet, qsc, Gv);
 
   float* w = ws + (chunk_slot(p, n, sr, c) * p.HV + hv) * p.ws_record_floats;
   // K K^T and Q K^T on the 20 lower 16 x 8 tiles (40 units over the warps), scaled on the
@@ -98,13 +99,15 @@ __global__ void __launch_bounds__(kTf32PrepThreads)
     const int i = idx / C, j = idx % C;
     w[kTf32T + idx] = (j >> 4) > (i >> 4) ? 0.f : tm[i * kMatrixPitch + j];
   }
-  // Per-token scalars: 0 rhs scale beta*kscale, 1 gamma_i, 2 gamma_i*qscale_i,
+  // Per-token scalars: 0 rhs scale beta*vscale, 1 gamma_i*kscale_i/vscale_i (the scan forms
+  // R = beta kscale (rho V - gamma K S), rho = vscale / kscale, as (beta vscale) (V - gamma / rho
+  // K S); kscale = vscale, so gamma_i itself, except under the qk l2-norm), 2 gamma_i*qscale_i,
   // 3 kscale_i*gamma_L/gamma_i (0 past the chunk end), 4 [gamma_L, 0, ...].
   if (tid < C) {
     const int i = tid;
     const float Gend = Gv[L - 1], gi = expf(Gv[i]);
-    w[kTf32Scalars + 0 * C + i] = bet[i] * ksc[i];
-    w[kTf32Scalars + 1 * C + i] = gi;
+    w[kTf32Scalars + 0 * C + i] = bet[i] * vsc[i];
+    w[kTf32Scalars + 1 * C + i] = vsc[i] > 0.f ? gi * (ksc[i] / vsc[i]) : gi;
     w[kTf32Scalars + 2 * C + i] = gi * qsc[i];
     w[kTf32Scalars + 3 * C + i] = i < L ? ksc[i] * expf(Gend - Gv[i]) : 0.f;
     w[kTf32Scalars + 4 * C + i] = i == 0 ? expf(Gend) : 0.f;

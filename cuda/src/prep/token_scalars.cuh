@@ -39,17 +39,17 @@ __device__ __forceinline__ void token_scalars_preload(const KernelParams& p, con
   }
 }
 
-/// Per-token scalars of one chunk (rows [0, kChunk), rows >= L padding): kscale, beta, the
-/// read-out scale and the inclusive cumulative log decay G, into shared arrays. ks / qs are the
-/// raw key / query tiles (pitch KP; with q_sw128 the query tile in the 128-byte swizzle,
-/// kmajor_sw128_offset); kn2, when given, holds the squared key norms already (the diagonal of
-/// K K^T), and query norms are summed only for the l2-norm read-out. bet / Gv hold
-/// the tokens' eta / log decay on entry (token_scalars_preload, visible to every thread). Ends
-/// with a barrier. All kPrepThreads threads call it.
+/// Per-token scalars of one chunk (rows [0, kChunk), rows >= L padding): kscale, vscale, beta,
+/// the read-out scale and the inclusive cumulative log decay G, into shared arrays (token_coef). ks
+/// / qs are the raw key / query tiles (pitch KP; with q_sw128 the query tile in the 128-byte
+/// swizzle, kmajor_sw128_offset); kn2, when given, holds the squared key norms already (the
+/// diagonal of K K^T), and query norms are summed only for the l2-norm read-out. bet / Gv hold the
+/// tokens' eta / log decay on entry (token_scalars_preload, visible to every thread). Ends with a
+/// barrier. All kPrepThreads threads call it.
 template <class E>
 __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, int L, const E* ks,
                                                     const E* qs, int KP, int K, float* ksc,
-                                                    float* bet, float* qsc, float* Gv,
+                                                    float* vsc, float* bet, float* qsc, float* Gv,
                                                     const float* kn2 = nullptr,
                                                     bool q_sw128 = false) {
   constexpr int C = kChunk;
@@ -78,9 +78,10 @@ __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, int L
     if (!sum_k) n2 = kn2[i];
     float eta = 0.f, gl = 0.f;
     if (!per_warp || lane == 0) eta = bet[i], gl = Gv[i];  // the thread that overwrites them
-    const TokenCoef tc = i < L ? token_coef(n2, eta, p.eps, p.kaczmarz) : TokenCoef{0.f, 0.f};
+    const TokenCoef tc = i < L ? token_coef(n2, eta, p) : TokenCoef{0.f, 0.f, 0.f};
     if (!per_warp || lane == 0) {
       ksc[i] = tc.kscale;
+      vsc[i] = tc.vscale;
       bet[i] = tc.beta;
       qsc[i] = readout_scale(qn2, p);
       Gv[i] = gl;

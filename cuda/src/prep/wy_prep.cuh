@@ -118,7 +118,8 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
   float* bet = ksc + C;
   float* qsc = bet + C;
   float* Gv = qsc + C;
-  float* kn2 = Gv + C;  // squared key norms
+  float* kn2 = Gv + C;   // squared key norms
+  float* vsc = kn2 + C;  // value scales (token_coef)
   static_assert(!kSw || lead_bytes % 1024 == 0, "swizzled tiles need 1024 B alignment");
   static_assert(l_bytes >= 2 * R::tile && (kInvScratch * 4) % 16 == 0, "split tiles' places");
   static_assert(kq_bytes >= kInvScratch * 4, "the inverse's scratch fits in the key tile");
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
     });
   }
   __syncthreads();
-  chunk_token_scalars(p, L, Kr, Qr, KP, KD, ksc, bet, qsc, Gv, kn2, kSw);  // + barrier
+  chunk_token_scalars(p, L, Kr, Qr, KP, KD, ksc, vsc, bet, qsc, Gv, kn2, kSw);  // + barrier
   // The masked, scaled tiles: K K^T -> lm (the inverse's input), Q K^T -> P, split into bf16
   // hi + lo in the packed layout (wy_packed_offset) for the P T product. tile_epilogue takes one
   // 16 x 16 tile (row block mi, column block nb) of K K^T (isq false) or Q K^T, its products in
@@ -365,7 +366,7 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
     else if (i == kWyGend)
       x = expf(KLA_MUTANT(handoff_decay_off_by_one) && L > 1 ? Gv[L - 2] : Gend);
     else if (i >= kWyColU && i < kWyColU + C)
-      x = bet[i - kWyColU] * ksc[i - kWyColU];
+      x = bet[i - kWyColU] * vsc[i - kWyColU];
     else if (i >= kWyColW && i < kWyColW + C)
       x = bet[i - kWyColW] * ksc[i - kWyColW] * __expf(Gv[i - kWyColW]);
     sc[i] = x;

@@ -102,9 +102,9 @@ __global__ void __launch_bounds__(kGenericThreads)
         eta = token_eta(p, sr.b, t, hv);
         g = token_log_decay(p, sr.b, t, hv);
       }
-      const TokenCoef tc = i < L ? token_coef(n2, eta, p.eps, p.kaczmarz) : TokenCoef{0.f, 0.f};
+      const TokenCoef tc = i < L ? token_coef(n2, eta, p) : TokenCoef{0.f, 0.f, 0.f};
       for (int r = lane; r < K; r += 32) kh[i * KP + r] *= tc.kscale;
-      for (int c = lane; c < VS; c += 32) us[i * VP + c] *= tc.kscale;
+      for (int c = lane; c < VS; c += 32) us[i * VP + c] *= tc.vscale;
       if (lane == 0) {
         Gv[i] = g;
         bv[i] = tc.beta;

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kTokWarps * 32, KMAX <= 128 ? 4 : 1)
     n2 = warp_sum(n2);
     qn2 = warp_sum(qn2);
     const float eta = token_eta(p, sr.b, t, hv);
-    const TokenCoef tc = token_coef(n2, eta, p.eps, p.kaczmarz);
+    const TokenCoef tc = token_coef(n2, eta, p);
 #pragma unroll
     for (int j = 0; j < KMAX / 32; ++j) {
       const int i = lane + 32 * j;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kTokWarps * 32, KMAX <= 128 ? 4 : 1)
       a += __shfl_xor_sync(0xffffffffu, a, 4);
       a += __shfl_xor_sync(0xffffffffu, a, 8);
       a += __shfl_xor_sync(0xffffffffu, a, 16);
-      w[c] = tc.beta * fmaf(-alpha, a, vv[c] * tc.kscale);  // beta * e^
+      w[c] = tc.beta * fmaf(-alpha, a, vv[c] * tc.vscale);  // beta * e^
     }
     // S = alpha S + k^ (beta e^)^T, then o = S^T q * scale.
     float oacc[4] = {0.f, 0.f, 0.f, 0.f};

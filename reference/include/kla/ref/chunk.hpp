@@ -107,6 +107,10 @@ void chunk_step(const HeadInputs<T>& in, const Options<T>& opt, Eigen::Index sta
 template <class T>
 HeadOutputs<T> chunk_forward(const HeadInputs<T>& in, const Options<T>& opt, Eigen::Index chunk,
                              const Mat<T>& S0 = Mat<T>()) {
+  if (opt.readout == Readout::qk_l2norm) {
+    const auto [nin, nopt] = with_qk_l2norm(in, opt);
+    return chunk_forward(nin, nopt, chunk, S0);
+  }
   in.validate();
   if (chunk < 1) throw std::invalid_argument("kla::ref: chunk length must be >= 1");
   HeadOutputs<T> out;

@@ -117,6 +117,10 @@ void coefficient_backward(const Vec<T>& k, const T& eta, const T& dbeta, const O
 /// s = 1/‖q‖, −c s³ q (0 at q = 0, where s = 0 is the convention). Needs sqrt for q_l2norm.
 template <class T>
 Vec<T> readout_scale_backward(const Vec<T>& q, const T& c, const Options<T>& opt) {
+  if (opt.readout == Readout::qk_l2norm)  // its normalisation is a change of inputs (forward)
+    throw std::invalid_argument(
+        "kla::ref: gradients through the qk l2-norm read-out are not "
+        "implemented; chain through with_qk_l2norm");
   if (opt.readout == Readout::scale || active_mutant() == Mutant::readout_scale_ignored)
     return Vec<T>::Zero(q.size());
   const T s = readout_scale(q, opt);

@@ -5,6 +5,8 @@
 // cancellation guard beyond the degenerate-denominator convention is applied.
 #pragma once
 
+#include <utility>
+
 #include "kla/ref/mutants.hpp"
 #include "kla/ref/types.hpp"
 
@@ -21,11 +23,12 @@ T coefficient(const T& k_sqnorm, const T& eta, const Options<T>& opt) {
   return T(eta / denom);
 }
 
-/// Read-out scale of a query: opt.scale, or 1/‖q‖ (0 for q = 0) in q_l2norm mode.
+/// Read-out scale of a query: opt.scale, or 1/‖q‖ (0 for q = 0) in q_l2norm mode. (qk_l2norm
+/// inputs are normalised first, with_qk_l2norm: their read-out is by opt.scale.)
 template <class T>
 T readout_scale(const Vec<T>& q, const Options<T>& opt) {
   if (active_mutant() == Mutant::readout_scale_ignored) return T(1);
-  if (opt.readout == Readout::scale) return opt.scale;
+  if (opt.readout == Readout::scale || opt.readout == Readout::qk_l2norm) return opt.scale;
   if constexpr (ScalarTraits<T>::has_transcendentals) {
     const T n = sqrt_of(T(q.squaredNorm()));
     return n == T(0) ? T(0) : T(T(1) / n);
@@ -69,11 +72,34 @@ StepTrace<T> token_step(Mat<T>& S, const Vec<T>& alpha, const Vec<T>& k, const V
   return tr;
 }
 
+/// Readout::qk_l2norm as a change of inputs: every q_t and k_t divided by sqrt(‖x‖² + ε_n) in
+/// T (one rounding each over a rounded type; exact never, it needs sqrt), and the options with
+/// the scale read-out that then applies. Other read-outs: `in` and `opt` unchanged.
+template <class T>
+std::pair<HeadInputs<T>, Options<T>> with_qk_l2norm(const HeadInputs<T>& in, Options<T> opt) {
+  HeadInputs<T> out = in;
+  if (opt.readout != Readout::qk_l2norm) return {std::move(out), opt};
+  if constexpr (ScalarTraits<T>::has_transcendentals) {
+    for (Eigen::Index t = 0; t < in.length(); ++t) {
+      out.q.row(t) /= sqrt_of(T(in.q.row(t).squaredNorm() + opt.l2norm_eps));
+      out.k.row(t) /= sqrt_of(T(in.k.row(t).squaredNorm() + opt.l2norm_eps));
+    }
+  } else {
+    throw std::invalid_argument("kla::ref: qk l2-norm read-out needs a scalar type with sqrt");
+  }
+  opt.readout = Readout::scale;
+  return {std::move(out), opt};
+}
+
 /// Whole sequence, token by token, from initial state S0 [dk,dv] (zero if empty).
 /// o_t = S_tᵀ q_t · scale(q_t).
 template <class T>
 HeadOutputs<T> recurrent_forward(const HeadInputs<T>& in, const Options<T>& opt,
                                  const Mat<T>& S0 = Mat<T>()) {
+  if (opt.readout == Readout::qk_l2norm) {
+    const auto [nin, nopt] = with_qk_l2norm(in, opt);
+    return recurrent_forward(nin, nopt, S0);
+  }
   in.validate();
   HeadOutputs<T> out;
   out.state = S0.size() ? S0 : Mat<T>::Zero(in.dk(), in.dv());

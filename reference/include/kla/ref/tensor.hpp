@@ -111,7 +111,8 @@ void forward(const SequenceBatch<E>& in, const Options<T>& opt, Algorithm alg, T
   if constexpr (!ScalarTraits<T>::has_transcendentals) {
     // Refused here, not per head, so nothing is written before the error.
     if (in.log_decay) bad("log_decay needs a scalar type with exp; pass decay factors instead");
-    if (opt.readout == Readout::q_l2norm) bad("q l2-norm read-out needs a scalar type with sqrt");
+    if (opt.readout == Readout::q_l2norm || opt.readout == Readout::qk_l2norm)
+      bad("q l2-norm read-outs need a scalar type with sqrt");
   }
 
   const std::int64_t group = HV / H;

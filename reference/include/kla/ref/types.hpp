@@ -17,8 +17,10 @@ using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 
 /// How β_t is formed: Kaczmarz β = η/(‖k‖²+ε) (KLA, eq. kla) or given β = η (GDN).
 enum class Coefficient { kaczmarz, given };
-/// How o_t is read: o = Sᵀq·scale, or o = Sᵀq/‖q‖ (the paper's l2-normalised query).
-enum class Readout { scale, q_l2norm };
+/// How o_t is read: o = Sᵀq·scale; o = Sᵀq/‖q‖ (the paper's l2-normalised query); or, as
+/// flash-linear-attention's use_qk_l2norm_in_kernel, q and k both replaced by x/sqrt(‖x‖²+ε_n)
+/// (ε_n = Options::l2norm_eps) before anything else, and o = Sᵀq̂·scale.
+enum class Readout { scale, q_l2norm, qk_l2norm };
 
 template <class T>
 struct Options {
@@ -26,6 +28,7 @@ struct Options {
   Coefficient coefficient = Coefficient::kaczmarz;
   Readout readout = Readout::scale;
   T scale = T(1);
+  T l2norm_eps = T(1) / T(1000000);  ///< ε_n of Readout::qk_l2norm (FLA's l2norm: 1e-6)
 };
 
 /// One head's inputs, rows are tokens: q,k [T,dk], v [T,dv], eta [T].
