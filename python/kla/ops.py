@@ -4,6 +4,8 @@
     torch.ops.kla.recurrent_fwd          kla_tokenwise_forward, new final state (o, final_state)
     torch.ops.kla.recurrent_fwd_inplace  kla_tokenwise_forward on `state` in place, or on the rows
                                          state_indices picks of a state pool (-1 skips): o
+    torch.ops.kla.chunk_bwd              the gradients of chunk_fwd / recurrent_fwd (_backward.py,
+                                         PyTorch), which their autograd formulas call
 
 Arguments are the C ABI's, already checked and converted by api.py (q, k, v of one dtype with the
 last dimension contiguous; g, eta fp32 [B,T,HV] with HV contiguous; states fp32 contiguous):
@@ -12,7 +14,8 @@ custom ops cannot return None. The implementation allocates o, the final state a
 workspace with torch (the caching allocator, on the call's device and current stream), makes the
 int32 copies of cu_seqlens / indices (_indices.py) and calls the library on
 torch.cuda.current_stream() with the tensors' device current. It never synchronises the host,
-except for the host copy of cu_seqlens or indices given only on the device.
+except for the host copy of cu_seqlens or indices given only on the device (the backward reads
+cu_seqlens on the host too).
 """
 import ctypes
 from typing import Optional, Tuple
@@ -20,14 +23,17 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import _backward
 from . import _lib
 from . import _params as P
 from ._indices import host_and_device
 
 CHUNK, RECURRENT = 0, 1
-_NO_BACKWARD = ("kla: the backward pass is not implemented yet (project issue 25): kla's ops are "
-                "forward-only for now. Call them under torch.no_grad() / torch.inference_mode(), "
-                "or detach their inputs")
+_NO_INPLACE_BACKWARD = (
+    "kla: a decode step that updates its state in place (inplace_final_state / "
+    "ssm_state_indices) has no backward: the state it would differentiate through is "
+    "overwritten. For training call with output_final_state=True instead, or run the step "
+    "under torch.no_grad()")
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -186,22 +192,63 @@ def _(q, k, v, g, eta, state, state_indices, state_indices_cpu, cu_seqlens, cu_s
     return _out(v)
 
 
-# ---- autograd: forward-only for now ---------------------------------------------------------
-def _no_backward(ctx, *grads):
-    raise NotImplementedError(_NO_BACKWARD)
+# ---- kla::chunk_bwd: the backward of chunk_fwd and recurrent_fwd ---------------------------
+def chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], eta: Optional[Tensor],
+                   initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                   cu_seqlens_cpu: Optional[Tensor], scale: float, eps: float, eta_value: float,
+                   coefficient: int, readout: int, do: Tensor,
+                   dht: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dg, deta, dh0) of the forward with these arguments (_backward.py: PyTorch,
+    the CUDA kernels are issue 25's); dg / deta / dh0 are empty (shape [0]) where g / eta /
+    initial_state is None."""
+    grads = _backward.chunk_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu,
+                                     scale, eps, eta_value, coefficient, readout, do, dht)
+    return tuple(x.contiguous() if x is not None else q.new_empty(0, dtype=torch.float32)
+                 for x in grads)
 
 
-def _no_context(ctx, inputs, output):
-    pass
+chunk_bwd = torch.library.custom_op("kla::chunk_bwd", chunk_bwd_impl, mutates_args=())
 
 
-chunk_fwd.register_autograd(_no_backward, setup_context=_no_context)
-recurrent_fwd.register_autograd(_no_backward, setup_context=_no_context)
+@chunk_bwd.register_fake
+def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
+      coefficient, readout, do, dht):
+    def like(t):
+        return torch.empty_like(t) if t is not None else q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(g), like(eta),
+            like(initial_state))
+
+
+# ---- autograd -------------------------------------------------------------------------------
+_TENSOR_INPUTS = 8  # q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu
+
+
+def _save(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:_TENSOR_INPUTS])
+    ctx.scalars = tuple(inputs[_TENSOR_INPUTS:_TENSOR_INPUTS + 5])  # scale .. readout
+    ctx.num_inputs = len(inputs)
+
+
+def _backward_of_forward(ctx, do, dht):
+    """The gradients of chunk_fwd / recurrent_fwd's tensor inputs, through kla::chunk_bwd."""
+    q, k, v, g, eta, h0, cu, cu_cpu = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(v)
+    if dht is not None and dht.numel() == 0:  # no final state was asked for
+        dht = None
+    dq, dk, dv, dg, deta, dh0 = chunk_bwd(q, k, v, g, eta, h0, cu, cu_cpu, *ctx.scalars, do, dht)
+    grads = (dq, dk, dv, dg if g is not None else None, deta if eta is not None else None,
+             dh0 if h0 is not None else None)
+    return grads + (None,) * (ctx.num_inputs - len(grads))
+
+
+chunk_fwd.register_autograd(_backward_of_forward, setup_context=_save)
+recurrent_fwd.register_autograd(_backward_of_forward, setup_context=_save)
 
 
 class NoBackward(torch.autograd.Function):
-    """Identity whose backward raises _NO_BACKWARD (on the in-place op's output: mutating custom
-    ops cannot register autograd, and their default message does not say why)."""
+    """Identity whose backward raises _NO_INPLACE_BACKWARD (on the in-place op's output: mutating
+    custom ops cannot register autograd, and their default message does not say why)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -209,4 +256,4 @@ class NoBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError(_NO_BACKWARD)
+        raise NotImplementedError(_NO_INPLACE_BACKWARD)

@@ -2,7 +2,10 @@
 ground truth of the GPU tests, on the same rounded inputs the kernels see.
 
 Per token and value head: S~ = exp(g) S; e = v - S~^T k; beta = eta / (|k|^2 + eps) (Kaczmarz;
-0 where |k|^2 + eps = 0) or beta = eta (given); S = S~ + beta k e^T; o = S^T q * scale (or / |q|).
+0 where |k|^2 + eps = 0) or beta = eta (given); S = S~ + beta k e^T; o = S^T q * scale (or / |q|;
+or, readout "qk_l2norm", q and k first replaced by x / sqrt(|x|^2 + 1e-6) and o = S^T q * scale).
+Written with differentiable torch operations only: autograd through it (in float64) is the
+independent oracle of the backward pass's tests.
 """
 import torch
 
@@ -16,6 +19,9 @@ def recurrence(q, k, v, g=None, eta=None, *, eta_value=1.0, eps=0.0, scale=None,
     dev = q.device
     q64 = q.double().repeat_interleave(rep, dim=2)
     k64 = k.double().repeat_interleave(rep, dim=2)
+    if readout == "qk_l2norm":
+        q64 = q64 / torch.sqrt(q64.square().sum(-1, keepdim=True) + 1e-6)
+        k64 = k64 / torch.sqrt(k64.square().sum(-1, keepdim=True) + 1e-6)
     v64 = v.double()
     g64 = None if g is None else g.double()
     eta64 = None if eta is None else eta.double()
@@ -25,7 +31,7 @@ def recurrence(q, k, v, g=None, eta=None, *, eta_value=1.0, eps=0.0, scale=None,
     else:
         cu = [int(x) for x in cu_seqlens.tolist()]
         seqs = [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
-    o = torch.zeros(B, T, HV, V, dtype=torch.float64, device=dev)
+    rows = [[None] * T for _ in range(B)]
     finals = []
     for n, (b, t0, t1) in enumerate(seqs):
         S = (torch.zeros(HV, K, V, dtype=torch.float64, device=dev) if initial_state is None
@@ -49,9 +55,27 @@ def recurrence(q, k, v, g=None, eta=None, *, eta_value=1.0, eps=0.0, scale=None,
                 ot = torch.where(nq[:, None] > 0, ot / torch.where(nq > 0, nq, 1.0)[:, None], 0.0)
             else:
                 ot = ot * scale
-            o[b, t] = ot
+            rows[b][t] = ot
         finals.append(S)
+    zero = torch.zeros(HV, V, dtype=torch.float64, device=dev)
+    o = torch.stack([torch.stack([r if r is not None else zero for r in row]) for row in rows])
     return o, torch.stack(finals)
+
+
+def gradients(q, k, v, g, eta, h0, do, dht, *, cu_seqlens=None, eta_value=1.0, eps=0.0,
+              scale=None, coefficient="kaczmarz", readout="scale"):
+    """[dq, dk, dv, dg, deta, dh0] (float64; None for an input that is None) of
+    <o, do> + <final, dht> by torch's autograd through `recurrence`: the oracle of the backward
+    pass's tests, on the same rounded inputs."""
+    leaves = [None if x is None else x.detach().double().requires_grad_(True)
+              for x in (q, k, v, g, eta, h0)]
+    o, final = recurrence(*leaves[:5], eta_value=eta_value, eps=eps, scale=scale,
+                          initial_state=leaves[5], cu_seqlens=cu_seqlens,
+                          coefficient=coefficient, readout=readout)
+    loss = (o * do.double()).sum() + (final * dht.double()).sum()
+    want = [x for x in leaves if x is not None]
+    got = iter(torch.autograd.grad(loss, want))
+    return [None if x is None else next(got) for x in leaves]
 
 
 def rel_rms(x, ref):

@@ -105,18 +105,34 @@ def test_opcheck(launched, op):
 
 
 @pytest.mark.parametrize("fn", ["chunk_kla", "fused_recurrent_kla", "chunk_gated_delta_rule",
-                                "fused_recurrent_gated_delta_rule", "inplace"])
-def test_backward_raises_not_implemented(launched, fn):
-    q = torch.randn(1, 4, 2, 64, requires_grad=True)
-    k, v, g = torch.randn(1, 4, 2, 64), torch.randn(1, 4, 2, 64), -torch.rand(1, 4, 2)
-    if fn == "inplace":
-        o, _ = kla.fused_recurrent_kla(q, k, v, initial_state=torch.zeros(1, 2, 64, 64),
-                                       inplace_final_state=True)
-    elif fn in ("chunk_gated_delta_rule",):
-        o, _ = kla.chunk_gated_delta_rule(q, k, v, g, torch.rand(1, 4, 2))
-    else:
-        o, _ = getattr(kla, fn)(q, k, v, g)
-    assert o.requires_grad
-    with pytest.raises(NotImplementedError, match=r"backward pass is not implemented yet "
-                                                  r"\(project issue 25\)"):
-        o.sum().backward()
+                                "fused_recurrent_gated_delta_rule"])
+def test_backward_traces_under_compile(launched, fn):
+    """torch.compile(fullgraph=True) over forward and backward: the backward is the kla::chunk_bwd
+    op (no graph break) and gives the eager gradients. The forward's launch is the recorder; the
+    backward reads only the inputs (test_backward.py checks its numbers)."""
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 70, 2, 64), torch.randn(1, 70, 2, 64), torch.randn(1, 70, 2, 64)
+    g, beta = -torch.rand(1, 70, 2), torch.rand(1, 70, 2)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    w, ws = torch.randn(1, 70, 2, 64), torch.randn(1, 2, 64, 64)
+
+    def loss(q, k, v, g, beta):
+        if fn == "chunk_gated_delta_rule":
+            o, s = kla.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+        elif fn == "fused_recurrent_gated_delta_rule":
+            o, s = kla.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta,
+                                                        output_final_state=True)
+        else:
+            o, s = getattr(kla, fn)(q, k, v, g, beta, output_final_state=True)
+        # The recorder leaves o and the state unwritten: the loss's value is garbage, its
+        # gradients (w, ws) are not, and they are all the backward reads.
+        return (o * w).sum() + (s * ws).sum()
+
+    grads = []
+    for f in (loss, torch.compile(loss, fullgraph=True, backend="aot_eager")):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+        f(*leaves).backward()
+        grads.append([x.grad for x in leaves])
+    for a, b in zip(*grads):
+        assert a is not None and torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
