@@ -3,11 +3,14 @@ flash-linear-attention's, so that FLA code switches by changing the import (docs
 
     from kla import chunk_kla, fused_recurrent_kla                      # KLA
     from kla import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule   # plain GDN
+    kla.nn.KLA(hidden_size=..., head_dim=..., num_heads=...)             # a layer (FLA's arguments)
+    kla.torch_impl.chunk_kla(...)                                        # the same math in PyTorch
 
 Importing kla loads no library and needs no GPU; the first kernel call (or kla.plan,
 kla.library_info) loads libkla_cuda.so.4 and checks its ABI.
 """
 from . import ops  # noqa: F401  (registers torch.ops.kla.*)
+from . import nn, torch_impl  # noqa: F401  (kla.nn.KLA, kla.torch_impl.chunk_kla)
 from ._lib import KlaError, KlaLibraryError, is_available
 from ._params import ABI_VERSION
 from ._plan import A100, H100, H200, DeviceInfo, Plan, device_info, plan

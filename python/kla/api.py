@@ -52,13 +52,14 @@ def _state_v_first_alias(kwargs, state_v_first):
     return state_v_first
 
 
-def _check_qkv(q, k, v):
+def _check_qkv(q, k, v, dtypes=_DTYPES):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"kla: {name} must be 4-d ([B, T, heads, dim]), got shape "
                              f"{tuple(t.shape)}")
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"kla: q, k, v must be float32, bfloat16 or float16, got {q.dtype}")
+    if q.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"kla: q, k, v must be one of {names}, got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"kla: q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != q.shape:

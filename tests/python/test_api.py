@@ -79,7 +79,7 @@ def test_fla_arguments_accepted_and_ignored():
     ((Q, Q, t(1, 7, 4, 64)), ValueError, "v must be"),
     ((Q, Q, t(1, 8, 4, 64, dtype=torch.float16)), TypeError, "one dtype"),
     ((t(1, 8, 2, 64, dtype=torch.float64),) * 2 + (t(1, 8, 4, 64, dtype=torch.float64),),
-     TypeError, "float32, bfloat16 or float16"),
+     TypeError, "float32, bfloat16, float16"),
 ])
 def test_bad_tensors(fn, args, err, match):
     f = getattr(kla, fn)
