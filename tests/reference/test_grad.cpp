@@ -73,8 +73,9 @@ Problem draw(std::mt19937_64& rng, Idx T, Idx dk, Idx dv, DecayKind decay, Coeff
   return p;
 }
 
-/// |lhs − rhs| / (ρ·M): the adjoint identity's discrepancy in units of its bound (≤ 1 passes).
-double adjoint_ratio(const Problem& p) {
+/// |lhs − rhs| / (ρ·M): the adjoint identity's discrepancy in units of its bound (≤ 1 passes),
+/// for recurrent_backward's gradients or, when given, `other`'s.
+double adjoint_ratio(const Problem& p, const HeadGradients<Mpfr>* other = nullptr) {
   HeadInputs<D> in;
   in.q = kla::ref::make_dual<Mpfr>(p.in.q, p.dir.q);
   in.k = kla::ref::make_dual<Mpfr>(p.in.k, p.dir.k);
@@ -86,10 +87,12 @@ double adjoint_ratio(const Problem& p) {
   opt.coefficient = p.opt.coefficient;
   opt.readout = p.opt.readout;
   opt.scale = p.opt.scale;
+  opt.l2norm_eps = p.opt.l2norm_eps;
   const auto fwd = kla::ref::recurrent_forward<D>(in, opt, kla::ref::make_dual<Mpfr>(p.S0, p.dS0));
   const Mat<Mpfr> tO = kla::ref::tangent_part<Mpfr>(fwd.o),
                   tS = kla::ref::tangent_part<Mpfr>(fwd.state);
-  const HeadGradients<Mpfr> g = kla::ref::recurrent_backward<Mpfr>(p.in, p.opt, p.S0, p.up);
+  const HeadGradients<Mpfr> g =
+      other ? *other : kla::ref::recurrent_backward<Mpfr>(p.in, p.opt, p.S0, p.up);
   const Mpfr lhs = frob(p.up.o, tO) + frob(p.up.state, tS);
   const Mpfr rhs = frob(g.q, p.dir.q) + frob(g.k, p.dir.k) + frob(g.v, p.dir.v) +
                    frob(g.eta, p.dir.eta) + frob(g.alpha, p.dir.alpha) + frob(g.state, p.dS0);
@@ -135,6 +138,8 @@ const Setting settings[] = {
     {DecayKind::none, Coefficient::given, Readout::q_l2norm},
     {DecayKind::scalar, Coefficient::given, Readout::scale},
     {DecayKind::diagonal, Coefficient::kaczmarz, Readout::scale},
+    {DecayKind::scalar, Coefficient::kaczmarz, Readout::qk_l2norm},
+    {DecayKind::none, Coefficient::given, Readout::qk_l2norm},
 };
 
 }  // namespace
@@ -202,4 +207,21 @@ TEST(GradMpfr, QNormTermIsVisible) {
   const double bound = 2 * n_tok * T * u * norm(p.dir.q) *
                        norm(kla::ref::recurrent_backward<Mpfr>(p.in, p.opt, p.S0, p.up).q);
   EXPECT_GT(std::abs(to_double(term)), 1e6 * bound);
+}
+
+// The qk l2-norm read-out's chain (detail::qk_l2norm_chain): dropping its radial term (taking
+// dq = dq̂ / r, dk = dk̂ / r, as if the norms were constants) moves the adjoint identity far past
+// the bound, so the settings above check that term; ε_n = 1/64 keeps r away from ‖x‖.
+TEST(GradMpfr, QkNormChainIsVisible) {
+  KLA_SEEDED_RNG(rng);
+  Problem p = draw(rng, 16, 4, 3, DecayKind::scalar, Coefficient::kaczmarz, Readout::qk_l2norm);
+  p.opt.l2norm_eps = Mpfr(1) / 64;
+  EXPECT_LE(adjoint_ratio(p), 1.0);
+  const auto [hat, hopt] = kla::ref::with_qk_l2norm(p.in, p.opt);
+  HeadGradients<Mpfr> g = kla::ref::recurrent_backward<Mpfr>(hat, hopt, p.S0, p.up);
+  for (Idx t = 0; t < p.in.length(); ++t) {
+    g.q.row(t) /= sqrt(Mpfr(p.in.q.row(t).squaredNorm() + p.opt.l2norm_eps));
+    g.k.row(t) /= sqrt(Mpfr(p.in.k.row(t).squaredNorm() + p.opt.l2norm_eps));
+  }
+  EXPECT_GT(adjoint_ratio(p, &g), 1e6);
 }

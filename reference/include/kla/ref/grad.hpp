@@ -117,22 +117,58 @@ void coefficient_backward(const Vec<T>& k, const T& eta, const T& dbeta, const O
 /// s = 1/‖q‖, −c s³ q (0 at q = 0, where s = 0 is the convention). Needs sqrt for q_l2norm.
 template <class T>
 Vec<T> readout_scale_backward(const Vec<T>& q, const T& c, const Options<T>& opt) {
-  if (opt.readout == Readout::qk_l2norm)  // its normalisation is a change of inputs (forward)
+  if (opt.readout == Readout::qk_l2norm)  // a change of inputs: recurrent_backward chains it
     throw std::invalid_argument(
-        "kla::ref: gradients through the qk l2-norm read-out are not "
-        "implemented; chain through with_qk_l2norm");
+        "kla::ref: readout_scale_backward takes the normalised inputs of the qk l2-norm read-out "
+        "(with_qk_l2norm), whose read-out is by the scale");
   if (opt.readout == Readout::scale || active_mutant() == Mutant::readout_scale_ignored)
     return Vec<T>::Zero(q.size());
   const T s = readout_scale(q, opt);
   return (-(c * s * s * s)) * q;
 }
 
+namespace detail {
+
+/// The chain rule of Readout::qk_l2norm's change of inputs (with_qk_l2norm): `g` holds the
+/// gradients of the normalised inputs `hat`; on return those of `in`, with
+/// dx = (dx̂ − x̂ (x̂·dx̂)) / r, r = sqrt(‖x‖² + ε_n), for q and k of every token (0 where r = 0).
+/// Rounded types only (sqrt); one rounding per operation.
+template <class T>
+void qk_l2norm_chain(const HeadInputs<T>& in, const HeadInputs<T>& hat, const Options<T>& opt,
+                     HeadGradients<T>& g) {
+  if constexpr (ScalarTraits<T>::has_transcendentals) {
+    auto chain = [&](const Mat<T>& x, const Mat<T>& xh, Mat<T>& dx) {
+      for (Eigen::Index t = 0; t < x.rows(); ++t) {
+        const T r = sqrt_of(T(x.row(t).squaredNorm() + opt.l2norm_eps));
+        const Vec<T> h = xh.row(t).transpose(), d = dx.row(t).transpose();
+        if (r == T(0))
+          dx.row(t).setZero();
+        else
+          dx.row(t) = ((d - h * T(h.dot(d))) / r).transpose();
+      }
+    };
+    chain(in.q, hat.q, g.q);
+    chain(in.k, hat.k, g.k);
+  } else {
+    throw std::invalid_argument("kla::ref: the qk l2-norm read-out needs a scalar type with sqrt");
+  }
+}
+
+}  // namespace detail
+
 /// Gradients of the whole sequence, token by token backwards (eqs. above), from initial state
 /// S0 [dk,dv] (zero if empty) and upstream gradients up.o = dO [T,dv], up.state = dS_T [dk,dv]
-/// (either empty = zero). The forward is rerun first to keep S_0..S_T.
+/// (either empty = zero). The forward is rerun first to keep S_0..S_T. Readout::qk_l2norm: the
+/// gradients of the normalised inputs (with_qk_l2norm), then detail::qk_l2norm_chain.
 template <class T>
 HeadGradients<T> recurrent_backward(const HeadInputs<T>& in, const Options<T>& opt,
                                     const Mat<T>& S0, const HeadOutputs<T>& up) {
+  if (opt.readout == Readout::qk_l2norm) {
+    const auto [hat, hopt] = with_qk_l2norm(in, opt);
+    HeadGradients<T> g = recurrent_backward(hat, hopt, S0, up);
+    detail::qk_l2norm_chain(in, hat, opt, g);
+    return g;
+  }
   in.validate();
   const HeadOutputs<T> d = detail::upstream_or_zero(in, up);
   std::vector<Mat<T>> S{detail::initial_state_or_zero(in, S0)};

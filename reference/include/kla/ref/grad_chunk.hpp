@@ -165,6 +165,12 @@ void chunk_backward_step(const HeadInputs<T>& in, const Options<T>& opt, Eigen::
 template <class T>
 HeadGradients<T> chunk_backward(const HeadInputs<T>& in, const Options<T>& opt, Eigen::Index chunk,
                                 const Mat<T>& S0, const HeadOutputs<T>& up) {
+  if (opt.readout == Readout::qk_l2norm) {  // as recurrent_backward
+    const auto [hat, hopt] = with_qk_l2norm(in, opt);
+    HeadGradients<T> g = chunk_backward(hat, hopt, chunk, S0, up);
+    detail::qk_l2norm_chain(in, hat, opt, g);
+    return g;
+  }
   in.validate();
   if (chunk < 1) throw std::invalid_argument("kla::ref: chunk length must be >= 1");
   const HeadOutputs<T> d = detail::upstream_or_zero(in, up);

@@ -73,17 +73,22 @@ StepTrace<T> token_step(Mat<T>& S, const Vec<T>& alpha, const Vec<T>& k, const V
 }
 
 /// Readout::qk_l2norm as a change of inputs: every q_t and k_t divided by sqrt(‖x‖² + ε_n) in
-/// T (one rounding each over a rounded type; exact never, it needs sqrt), and the options with
-/// the scale read-out that then applies. Other read-outs: `in` and `opt` unchanged.
+/// T (one rounding each over a rounded type; exact never, it needs sqrt; a zero vector at ε_n = 0
+/// stays zero), and the options with the scale read-out that then applies. Other read-outs: `in`
+/// and `opt` unchanged.
 template <class T>
 std::pair<HeadInputs<T>, Options<T>> with_qk_l2norm(const HeadInputs<T>& in, Options<T> opt) {
   HeadInputs<T> out = in;
   if (opt.readout != Readout::qk_l2norm) return {std::move(out), opt};
   if constexpr (ScalarTraits<T>::has_transcendentals) {
-    for (Eigen::Index t = 0; t < in.length(); ++t) {
-      out.q.row(t) /= sqrt_of(T(in.q.row(t).squaredNorm() + opt.l2norm_eps));
-      out.k.row(t) /= sqrt_of(T(in.k.row(t).squaredNorm() + opt.l2norm_eps));
-    }
+    auto normalise = [&](Mat<T>& x) {  // x = 0 at ε_n = 0 stays 0
+      for (Eigen::Index t = 0; t < x.rows(); ++t) {
+        const T r = sqrt_of(T(x.row(t).squaredNorm() + opt.l2norm_eps));
+        if (r != T(0)) x.row(t) /= r;
+      }
+    };
+    normalise(out.q);
+    normalise(out.k);
   } else {
     throw std::invalid_argument("kla::ref: qk l2-norm read-out needs a scalar type with sqrt");
   }
