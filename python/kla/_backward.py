@@ -16,7 +16,8 @@ the normalised-key form.
 """
 import torch
 
-from ._chunk_torch import KACZMARZ, Q_L2NORM, QK_L2NORM, forward_chunks
+from ._chunk_torch import forward_chunks
+from ._params import COEFF_KACZMARZ, READOUT_Q_L2NORM, READOUT_QK_L2NORM
 
 
 def _normalised_backward(xh, s, dxh, extra=None):
@@ -41,7 +42,7 @@ def chunk_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, s
     lay, N, NT, HV, V = c.lay, c.lay.N, c.lay.NT, v.shape[2], v.shape[3]
     qh, kh, vh, beta, eG, eGC, gC, gam = c.qh, c.kh, c.vh, c.beta, c.eG, c.eGC, c.gC, c.gam
     W, M, KG, Sst, U = c.W, c.M, c.KG, c.Sst, c.U
-    dy = lay.chunks(do, c.cd) * (1.0 if readout == Q_L2NORM else scale)
+    dy = lay.chunks(do, c.cd) * (1.0 if readout == READOUT_Q_L2NORM else scale)
 
     # Backward over the chunks: the gradient of each chunk's outgoing state.
     MtdY = M.transpose(-1, -2) @ dy
@@ -90,12 +91,12 @@ def chunk_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, s
     dgl = dG.flip(-1).cumsum(-1).flip(-1)  # dg_s = Σ_{i>=s} dG_i
 
     # The prologue backwards.
-    if coefficient == KACZMARZ:
+    if coefficient == COEFF_KACZMARZ:
         dk1 = _normalised_backward(kh, c.ks, dkh, extra=(vh * dvh).sum(-1, keepdim=True))
         dv0 = c.ks * dvh
     else:
         dk1, dv0 = dkh, dvh
-    dk0 = _normalised_backward(c.k1, c.kns, dk1) if readout == QK_L2NORM else dk1
+    dk0 = _normalised_backward(c.k1, c.kns, dk1) if readout == READOUT_QK_L2NORM else dk1
     dq0 = _normalised_backward(qh, c.qs, dqh) if c.qs is not None else dqh
 
     def per_key_head(x):  # [B,T,HV,K] -> [B,T,H,K], summed over each key head's value heads

@@ -23,10 +23,10 @@ from types import SimpleNamespace
 
 import torch
 
+from ._params import COEFF_KACZMARZ, READOUT_Q_L2NORM, READOUT_QK_L2NORM
+
 NORM_EPS = 1e-6  # the qk l2-norm's epsilon (FLA's l2norm; kla.h KLA_READOUT_QK_L2NORM)
 CHUNK = 64
-SCALE, Q_L2NORM, QK_L2NORM = 0, 1, 2  # kla.h's kla_readout values
-KACZMARZ, GIVEN = 0, 1  # kla.h's kla_coefficient values
 
 
 def normalised(x, c):
@@ -36,15 +36,6 @@ def normalised(x, c):
     s = torch.where(n2 > 0, torch.rsqrt(torch.where(n2 > 0, n2, torch.ones_like(n2))),
                     torch.zeros_like(n2))
     return x * s, s
-
-
-def _normalised_backward(xh, s, dxh, extra=None):
-    """The gradient of x from that of x^ = x * s(x) (see the module docstring); `extra` adds
-    (y^ . dy^) for a y^ = y * s(x) that shares the scale (the Kaczmarz value)."""
-    dot = (xh * dxh).sum(-1, keepdim=True)
-    if extra is not None:
-        dot = dot + extra
-    return s * (dxh - xh * dot)
 
 
 class Layout:
@@ -126,16 +117,16 @@ def forward_chunks(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, e
 
     # The prologue: q^, k^, v^ and the scales the chain rule needs.
     qs = ks = kns = None
-    if readout == Q_L2NORM:
+    if readout == READOUT_Q_L2NORM:
         qh, qs = normalised(q0, 0.0)
-    elif readout == QK_L2NORM:
+    elif readout == READOUT_QK_L2NORM:
         qh, qs = normalised(q0, NORM_EPS)
     else:
         qh = q0
     k1 = k0
-    if readout == QK_L2NORM:
+    if readout == READOUT_QK_L2NORM:
         k1, kns = normalised(k0, NORM_EPS)
-    if coefficient == KACZMARZ:
+    if coefficient == COEFF_KACZMARZ:
         kh, ks = normalised(k1, eps)
         vh = v0 * ks
     else:
