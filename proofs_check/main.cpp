@@ -162,6 +162,7 @@ const std::vector<Ownership>& ownership() {
       {"remark.decay_agnostic",
        "dagn",
        {Mutant::projection_residual_sign, Mutant::decay_after_update}},
+      {"seg.combine", "segc", {Mutant::segment_combine_order}},
       {"thm1.constraint", "cons", {Mutant::residual_undecayed}},
       {"thm1.lagrange", "lagr", {Mutant::multiplier_sign}},
       {"thm1.line_search", "line", {Mutant::loss_half_dropped, Mutant::trace_residual_sign}},

@@ -10,6 +10,7 @@
 #include "kla/ref/projection.hpp"
 #include "kla/ref/recurrence.hpp"
 #include "kla/ref/scalar.hpp"
+#include "kla/ref/segment.hpp"
 #include "kla/ref/tensor.hpp"
 #include "kla/ref/types.hpp"
 #include "kla/ref/wy.hpp"
