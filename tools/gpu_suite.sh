@@ -85,6 +85,13 @@ run() {
   passed=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$tmp" | grep -Eo '[0-9]+$' | tail -1)
   failed=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$tmp" | grep -Eo '[0-9]+' | tail -1)
   skipped=$(grep -Eo '^\[  SKIPPED \] [0-9]+' "$tmp" | grep -Eo '[0-9]+$' | tail -1)
+  if [[ -z $passed ]]; then  # pytest's closing line: "N passed, M failed, K skipped in ..."
+    local last
+    last=$(grep -E '[0-9]+ (passed|failed|skipped)' "$tmp" | tail -1)
+    passed=$(grep -Eo '[0-9]+ passed' <<<"$last" | grep -Eo '[0-9]+')
+    failed=$(grep -Eo '[0-9]+ failed' <<<"$last" | grep -Eo '[0-9]+')
+    skipped=$(grep -Eo '[0-9]+ skipped' <<<"$last" | grep -Eo '[0-9]+')
+  fi
   local errs
   errs=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$tmp" | tail -1 | grep -Eo '[0-9]+$')
   # racecheck prints its own summary line: the hazards it found.
@@ -167,6 +174,18 @@ if [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant beta_eps_zero auto
   run_mutant transposed_rescale_missed wy_transposed
   run_mutant tf32_state_16bit tf32
+fi
+# The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64
+# recurrence, autograd, graphs, torch.compile; against FLA where .whl/fla is carried) on the
+# package's source with this build's library; skipped where python3 has no torch.
+if python3 -c "import torch" 2>/dev/null; then
+  if compgen -G "$ROOT/.whl/fla/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/kla-suite-site "$ROOT"/.whl/fla/*.whl
+  fi
+  PYTHONPATH=$ROOT/python:/tmp/kla-suite-site KLA_CUDA_LIBRARY=$DIST/libkla_cuda.so.4 \
+    run python 400 python3 -m pytest "$ROOT/tests/python/test_gpu.py" -q -p no:cacheprovider -rfs
+else
+  SUMMARY+=("| python                   | python3 has no torch: not run |")
 fi
 run example_c 60 "$DIST/kla_example_c"
 run example_cpp 60 "$DIST/kla_example_cpp"
