@@ -138,10 +138,13 @@ class KLA(nn.Module):
 
     def forward(self, hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
                 output_attentions=False, cu_seqlens=None, **kwargs):
-        """hidden_states [B, T, hidden_size] (B = 1 with cu_seqlens) -> (o, None, None)."""
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise NotImplementedError("kla.nn.KLA: padding attention_mask is not supported: "
-                                      "pack the sequences and pass cu_seqlens")
+        """hidden_states [B, T, hidden_size] (B = 1 with cu_seqlens) -> (o, None, None).
+        attention_mask [B, T] (1 / True on real tokens, as FLA's layers take it, padding on either
+        side): the real tokens of each row run as one packed sequence and the padded positions
+        of o are zero."""
+        if attention_mask is not None:
+            return self._masked(hidden_states, attention_mask, cu_seqlens, past_key_values,
+                                use_cache, output_attentions, kwargs)
         if past_key_values is not None or use_cache:
             raise NotImplementedError("kla.nn.KLA: past_key_values / use_cache are not supported "
                                       "(call kla.fused_recurrent_kla with a state for decoding)")
@@ -179,3 +182,24 @@ class KLA(nn.Module):
             gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim)
         o = self.o_norm(o, gate).reshape(B, T, self.value_dim)
         return self.o_proj(o), None, None
+
+    def _masked(self, x, mask, cu_seqlens, past_key_values, use_cache, output_attentions, kwargs):
+        """forward with a padding mask: unpad into one packed row (cu_seqlens), run, pad back."""
+        B, T, _ = x.shape
+        if cu_seqlens is not None:
+            raise ValueError("kla.nn.KLA: pass attention_mask or cu_seqlens, not both")
+        if tuple(mask.shape) != (B, T):
+            raise ValueError(f"kla.nn.KLA: attention_mask must be [B, T] = {(B, T)}, got "
+                             f"{tuple(mask.shape)}")
+        keep = mask.to(device=x.device).bool()
+        if bool(keep.all()):
+            return self.forward(x, None, past_key_values, use_cache, output_attentions, None,
+                                **kwargs)
+        lengths = keep.sum(1)
+        cu = torch.zeros(B + 1, dtype=torch.int32, device=x.device)
+        cu[1:] = lengths.cumsum(0)
+        y, _, cache = self.forward(x[keep][None], None, past_key_values, use_cache,
+                                   output_attentions, cu, **kwargs)
+        out = x.new_zeros(B, T, y.shape[-1])
+        out[keep] = y[0]
+        return out, None, cache

@@ -121,8 +121,10 @@ def test_layer_takes_flas_arguments_and_refuses_others():
     with pytest.raises(ValueError, match="impl"):
         layer(impl="triton")
     x = torch.randn(1, 5, 32)
-    with pytest.raises(NotImplementedError, match="cu_seqlens"):
-        layer()(x, attention_mask=torch.tensor([[1, 1, 1, 0, 0]]))
+    with pytest.raises(ValueError, match="not both"):
+        layer()(x, attention_mask=torch.tensor([[1, 1, 1, 0, 0]]), cu_seqlens=torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        layer()(x, attention_mask=torch.ones(1, 4))
     with pytest.raises(NotImplementedError, match="use_cache"):
         layer()(x, use_cache=True)
 
@@ -146,3 +148,24 @@ def test_layer_packed_sequences_equal_separate_ones(readout, use_short_conv):
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
         if name != "q_conv1d.bias":
             assert p.grad.abs().sum() > 0, name
+
+
+def test_layer_padding_mask_runs_each_rows_real_tokens():
+    """FLA's attention_mask (left and right padding): each row's output at its real tokens is
+    that row's tokens run alone, its padded positions are zero, gradients reach the inputs."""
+    m = layer(num_v_heads=4).double()
+    gen = torch.Generator().manual_seed(SEED)
+    x = torch.randn(3, 20, 32, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[0, :7] = 0  # left padding
+    mask[1, 15:] = 0  # right padding
+    y, _, _ = m(x, attention_mask=mask)
+    for b in range(3):
+        real = mask[b].bool()
+        alone, _, _ = m(x[b:b + 1, real])
+        assert rel_max(y[b, real], alone[0]) <= TOL64, f"row {b}, seed {SEED}"
+        assert (y[b, ~real] == 0).all()
+    y.square().sum().backward()
+    assert torch.isfinite(x.grad).all() and (x.grad[0, :7] == 0).all()
+    unmasked, _, _ = m(x, attention_mask=torch.ones(3, 20))
+    assert torch.equal(unmasked, m(x)[0])
