@@ -80,8 +80,9 @@ def _last_contiguous(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _gate(t, name, v):
-    """g / eta / beta: [B, T, HV], converted to fp32 with HV contiguous (a copy otherwise)."""
+def _gate(t, name, v, dtype=torch.float32):
+    """g / eta / beta: [B, T, HV], converted to `dtype` (the kernels': fp32) with HV contiguous
+    (a copy otherwise)."""
     if t is None:
         return None
     if t.dim() == 4 and name == "beta":
@@ -90,10 +91,10 @@ def _gate(t, name, v):
     if tuple(t.shape) != tuple(v.shape[:3]):
         raise ValueError(f"kla: {name} must be [B, T, HV] = {tuple(v.shape[:3])}, got "
                          f"{tuple(t.shape)}")
-    if t.dtype != torch.float32:
+    if t.dtype != dtype:
         if not t.is_floating_point():
             raise TypeError(f"kla: {name} must be a floating-point tensor, got {t.dtype}")
-        t = t.float()
+        t = t.to(dtype)
     return _last_contiguous(t)
 
 
@@ -127,9 +128,9 @@ def _seqlens(q, cu_seqlens, cu_seqlens_cpu):
     return cu_seqlens, cu_seqlens_cpu
 
 
-def _state_in(state, q, v, n, state_v_first, name="initial_state"):
-    """An fp32 [N, HV, K, V] contiguous state (copied if it is not one, or transposed from
-    [N, HV, V, K] with state_v_first)."""
+def _state_in(state, q, v, n, state_v_first, name="initial_state", dtype=torch.float32):
+    """A `dtype` (the kernels': fp32) [N, HV, K, V] contiguous state (copied if it is not one, or
+    transposed from [N, HV, V, K] with state_v_first)."""
     if state is None:
         return None
     HV, K, V = v.shape[2], q.shape[3], v.shape[3]
@@ -139,8 +140,8 @@ def _state_in(state, q, v, n, state_v_first, name="initial_state"):
         raise ValueError(f"kla: {name} must be {layout} = {want}, got {tuple(state.shape)}")
     if state_v_first:
         state = state.transpose(-1, -2)
-    if state.dtype != torch.float32:
-        state = state.float()
+    if state.dtype != dtype:
+        state = state.to(dtype)
     return state.contiguous()
 
 

@@ -25,18 +25,14 @@ def _forward(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final
     n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     scale = _scale(scale, q, readout)
     readout = _qk_readout(readout, use_qk_l2norm_in_kernel)
-    f64 = q.dtype == torch.float64
-    g = g if g is None or f64 else _gate(g, "g", v)
-    eta = eta if eta is None or f64 else _gate(eta, "beta" if coefficient else "eta", v)
-    h0 = _state_in(initial_state, q, v, n, False) if not f64 or initial_state is None \
-        else initial_state
+    cd = torch.float64 if q.dtype == torch.float64 else torch.float32  # forward_chunks' type
+    g = _gate(g, "g", v, cd)
+    eta = _gate(eta, "beta" if coefficient else "eta", v, cd)
+    h0 = _state_in(initial_state, q, v, n, False, dtype=cd)
     c = forward_chunks(q, k, v, g, eta, h0, cu_seqlens, cu_cpu, float(eps), float(eta_value),
                        coefficient, readout)
     o = c.lay.tokens(read_out(c, 1.0 if readout == P.READOUT_Q_L2NORM else scale)).to(v.dtype)
-    final = None
-    if output_final_state:
-        final = c.final if f64 else c.final.float()
-    return o, final
+    return o, c.final if output_final_state else None
 
 
 def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,

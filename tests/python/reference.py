@@ -78,6 +78,12 @@ def gradients(q, k, v, g, eta, h0, do, dht, *, cu_seqlens=None, eta_value=1.0, e
     return [None if x is None else next(got) for x in leaves]
 
 
+def rel_max(x, ref):
+    """Largest absolute error of x over the RMS of ref (float64)."""
+    ref = ref.double()
+    return ((x.double() - ref).abs().max() / ref.square().mean().sqrt()).item()
+
+
 def rel_rms(x, ref):
     """Relative RMS error of x against ref (float64)."""
     x, ref = x.double(), ref.double()

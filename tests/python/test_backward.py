@@ -23,7 +23,7 @@ import torch
 import kla
 from kla import _backward
 from kla import _params as P
-from reference import gradients, rel_rms
+from reference import gradients, rel_max, rel_rms
 
 GENERATOR_SEED = int.from_bytes(os.urandom(4), "little")
 TOL64 = 1000 * 2.0**-53  # max-abs / RMS, float64 compute (module docstring)
@@ -55,11 +55,6 @@ READOUT = {"scale": P.READOUT_SCALE, "q_l2norm": P.READOUT_Q_L2NORM,
            "qk_l2norm": P.READOUT_QK_L2NORM}
 COEFF = {"kaczmarz": P.COEFF_KACZMARZ, "given": P.COEFF_GIVEN}
 NAMES = ("dq", "dk", "dv", "dg", "deta", "dh0")
-
-
-def rel_max(x, ref):
-    ref = ref.double()
-    return ((x.double() - ref).abs().max() / ref.square().mean().sqrt().clamp_min(1e-300)).item()
 
 
 def compare(case, dtype, seed, *, measure, tol, with_eta=True, eta_value=1.0, knorm=None,

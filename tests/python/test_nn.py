@@ -11,15 +11,10 @@ import torch
 import kla
 from kla import _backward, nn as kla_nn, torch_impl
 from kla import _params as P
-from reference import gradients, recurrence
+from reference import gradients, recurrence, rel_max
 
 SEED = int.from_bytes(os.urandom(4), "little")
 TOL64 = 1000 * 2.0**-53
-
-
-def rel_max(x, ref):
-    ref = ref.double()
-    return ((x.double() - ref).abs().max() / ref.square().mean().sqrt()).item()
 
 
 def draw(seed, B, T, H, HV, K, V, unit_keys):
@@ -85,6 +80,11 @@ def test_torch_impl_checks_its_arguments():
         torch_impl.chunk_gated_delta_rule(q, q, q, None, None)
     with pytest.raises(TypeError, match="one of"):
         torch_impl.chunk_kla(q.int(), q.int(), q.int())
+    q64 = q.double()  # float64 inputs get the same shape checks
+    with pytest.raises(ValueError, match="g must be"):
+        torch_impl.chunk_kla(q64, q64, q64, torch.zeros(1, 8, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="initial_state must be"):
+        torch_impl.chunk_kla(q64, q64, q64, initial_state=torch.zeros(1, 2, 16, 15))
 
 
 def test_causal_conv_is_conv1d_and_stays_inside_each_sequence():
