@@ -1,64 +1,278 @@
-"""Forward and backward time of kla's autograd path on one GPU (issue 25's 8192-token row).
+"""The backward of kla's chunkwise prefill beside flash-linear-attention's, in one run (issue 25).
 
-    PYTHONPATH=python KLA_CUDA_LIBRARY=build-gpu/dist/libkla_cuda.so.4 python3 bench/bench_backward.py
+    PYTHONPATH=python KLA_CUDA_LIBRARY=build-gpu/dist/libkla_cuda.so.4 \
+        python3 bench/bench_backward.py --out out/backward     [--no-fla] [--quick]
 
-The case of FlashQLA's backward script: one packed sequence (cu_seqlens) of T = 8192 tokens,
-H = 16 query/key heads, HV = 32 value heads, K = V = 128, bf16, l2-normalised q and k in the kernel
-(use_qk_l2norm_in_kernel), g = logsigmoid(randn) / 16, beta = rand, an initial state, upstream
-gradients of o and of the final state (ones). Three warm-up passes, then one timed with CUDA
-events: forward (the CUDA kernel) and backward (python/kla/_backward.py, PyTorch), and the peak
-memory torch allocated over the timed pass. The backward is PyTorch until the CUDA backward lands,
-so this measures what training costs today, not the issue's target (docs/python.md, 'Backward').
+Speed: the three rows of FlashQLA's backward table (bf16, K = V = 128, H = 16 query/key heads,
+HV = 32 value heads): one packed sequence of 32768 tokens, 8 packed sequences of random lengths
+summing to 32768, one of 8192. Their script's inputs: sequences packed with cu_seqlens, an
+initial state in and the final state out, l2-normalised q and k in the kernel
+(use_qk_l2norm_in_kernel), g = logsigmoid(randn) / 16, beta = sigmoid(randn), upstream gradients
+of o and of the final state. Each library runs its chunk_gated_delta_rule (beta given: exactly the
+peers' computation) through torch.autograd; "bwd" is the backward alone (torch.autograd.backward
+on a retained graph, replayed), "fwd+bwd" both. Medians of CUDA-event timings after warm-up.
+kla's forward saves nothing but its inputs; its backward recomputes each chunk's state into the
+workspace (kla_backward_workspace_size, reported).
+
+Accuracy (--accuracy, on by default): on a smaller problem, each gradient of kla's and FLA's
+bf16 backward against float64 gradients of the same rounded inputs (kla.torch_impl, autograd in
+float64), as relative RMS, in the report's stress families. FLA's backward refuses to run on
+Hopper with Triton 3.4 to 3.7.0 (its issue 640: wrong dq/dk/dg there); this script bypasses the
+guard (fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True) and says so in its output, because the
+point is to show what that miscompile costs.
+
+Writes OUT/backward.json and OUT/backward.md (the tables docs/performance.md and docs/accuracy.md
+carry) and prints progress lines.
 """
 import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+import time
 
 import torch
+import torch.nn.functional as F
 
 import kla
+import kla.torch_impl
+
+FLA_NOTE = ("FLA's Hopper guard for Triton 3.4-3.7.0 (issue 640) was bypassed: its backward ran "
+            "with the Triton it refuses")
+
+
+def log(msg):
+    print(f"[bench_backward {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_fla(bypass_guard):
+    try:
+        import fla.ops.common.chunk_o as chunk_o
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+        log(f"FLA not available: {type(e).__name__}: {e}")
+        return None, None
+    bypassed = False
+    if bypass_guard and getattr(chunk_o, "TRITON_ABOVE_3_4_0", False) and \
+            not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
+        chunk_o.TRITON_ABOVE_3_7_1 = True
+        bypassed = True
+    import fla
+    return chunk_gated_delta_rule, {"version": getattr(fla, "__version__", "?"),
+                                    "guard_bypassed": bypassed}
+
+
+def inputs(lengths, H, HV, D, dtype, seed, *, g_scale=1 / 16, key_family="random"):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lengths)
+    dev = "cuda"
+
+    def randn(*shape):
+        return torch.randn(*shape, device=dev, generator=gen)
+
+    q = randn(1, T, H, D)
+    k = randn(1, T, H, D)
+    if key_family == "colinear":  # every key close to one direction
+        k = randn(1, 1, H, D) + 1e-2 * k
+    elif key_family == "tiny":
+        k = 1e-4 * k
+    elif key_family == "huge":
+        k = 1e3 * k
+    v = randn(1, T, HV, D)
+    g = F.logsigmoid(randn(1, T, HV)) * g_scale
+    beta = torch.sigmoid(randn(1, T, HV))
+    h0 = randn(len(lengths), HV, D, D) * 0.1
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), device=dev,
+                      dtype=torch.int32)
+    do = randn(1, T, HV, D)
+    dht = randn(len(lengths), HV, D, D)
+    leaves = [q.to(dtype), k.to(dtype), v.to(dtype), g, beta, h0]
+    return [x.detach().requires_grad_() for x in leaves], cu, do.to(dtype), dht
+
+
+def random_lengths(total, n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    cuts = sorted(torch.randperm(total - 1, generator=gen)[:n - 1].add(1).tolist())
+    edges = [0] + cuts + [total]
+    return [edges[i + 1] - edges[i] for i in range(n)]
+
+
+def timed(fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def run_speed(fn, leaves, cu, do, dht, reps):
+    """(fwd+bwd ms, bwd ms, peak GiB over one fwd+bwd) of fn(q, k, v, g, beta, h0, cu)."""
+    def fwd():
+        return fn(*leaves, cu)
+
+    def both():
+        o, s = fwd()
+        torch.autograd.backward((o, s), (do, dht))
+
+    t_both = timed(both, reps)
+    o, s = fwd()
+
+    def bwd():
+        torch.autograd.backward((o, s), (do, dht), retain_graph=True)
+
+    t_bwd = timed(bwd, reps)
+    for x in leaves:
+        x.grad = None
+    del o, s
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    both()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    for x in leaves:
+        x.grad = None
+    return t_both, t_bwd, peak
+
+
+def kla_fn(q, k, v, g, beta, h0, cu):
+    return kla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                      cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+
+
+def ref_fn(q, k, v, g, beta, h0, cu):
+    return kla.torch_impl.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                 output_final_state=True, cu_seqlens=cu,
+                                                 use_qk_l2norm_in_kernel=True)
+
+
+def make_fla_fn(fla_gdr):
+    def fn(q, k, v, g, beta, h0, cu):
+        return fla_gdr(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                       cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
+    return fn
+
+
+def grads_of(fn, leaves, cu, do, dht):
+    leaves = [x.detach().clone().requires_grad_() for x in leaves]
+    o, s = fn(*leaves, cu)
+    torch.autograd.backward((o, s), (do, dht))
+    return [x.grad.detach().double() for x in leaves]
+
+
+def rel_rms(got, ref):
+    den = ref.norm().item()
+    if not math.isfinite(got.norm().item()):
+        return float("nan")
+    return (got - ref).norm().item() / den if den > 0 else (got - ref).norm().item()
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--T", type=int, default=8192)
-    ap.add_argument("--H", type=int, default=16)
-    ap.add_argument("--HV", type=int, default=32)
-    ap.add_argument("--D", type=int, default=128, help="K = V")
+    ap.add_argument("--out", default="out/backward")
+    ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="only the 8192-token row, fewer reps")
+    ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
-    B, T, H, HV, K, V = 1, a.T, a.H, a.HV, a.D, a.D
-    dev = "cuda"
-    q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=dev), dim=-1)
-    k = k.bfloat16().requires_grad_()
-    v = torch.randn(B, T, HV, V, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    g = (torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=dev)) / 16).requires_grad_()
-    beta = torch.rand(B, T, HV, device=dev, requires_grad=True)
-    h0 = torch.zeros(1, HV, K, V, device=dev, requires_grad=True)
-    cu = torch.tensor([0, T], device=dev, dtype=torch.int32)
+    os.makedirs(a.out, exist_ok=True)
+    dev_name = torch.cuda.get_device_name()
+    fla_gdr, fla_info = (None, None) if a.no_fla else load_fla(bypass_guard=True)
+    result = {"device": dev_name, "torch": torch.__version__, "fla": fla_info, "speed": [],
+              "accuracy": []}
+    log(f"{dev_name}, torch {torch.__version__}, FLA {fla_info}")
+    H, HV, D = 16, 32, 128
+    rows = [("1x32768", [32768]), ("8 seqs, 32768 total", random_lengths(32768, 8, 1)),
+            ("1x8192", [8192])]
+    if a.quick:
+        rows = rows[2:]
+    for name, lengths in rows:
+        leaves, cu, do, dht = inputs(lengths, H, HV, D, torch.bfloat16, seed=0)
+        row = {"case": name, "lengths": lengths}
+        bp = kla._lib.load().backward_params()
+        kla._params.fill(bp.forward, leaves[0], leaves[1], leaves[2], leaves[2], g=leaves[3],
+                         eta=leaves[4], coefficient=kla._params.COEFF_GIVEN,
+                         cu_seqlens=cu, cu_seqlens_host=cu.cpu())
+        row["kla_workspace_GiB"] = kla._lib.load().backward_workspace_size(
+            ctypes.byref(bp)) / 2**30
+        t_both, t_bwd, peak = run_speed(kla_fn, leaves, cu, do, dht, a.reps)
+        row.update(kla_fwd_bwd_ms=t_both, kla_bwd_ms=t_bwd, kla_peak_GiB=peak)
+        log(f"{name}: kla bwd {t_bwd:.3f} ms, fwd+bwd {t_both:.3f} ms, peak {peak:.2f} GiB")
+        if fla_gdr is not None:
+            try:
+                t_both, t_bwd, peak = run_speed(make_fla_fn(fla_gdr), leaves, cu, do, dht, a.reps)
+                row.update(fla_fwd_bwd_ms=t_both, fla_bwd_ms=t_bwd, fla_peak_GiB=peak)
+                log(f"{name}: FLA bwd {t_bwd:.3f} ms, fwd+bwd {t_both:.3f} ms, "
+                    f"peak {peak:.2f} GiB")
+            except Exception as e:  # noqa: BLE001
+                row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
+                log(f"{name}: FLA failed: {row['fla_error']}")
+        result["speed"].append(row)
+        del leaves, do, dht
+        torch.cuda.empty_cache()
 
-    def forward():
-        return kla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
-                                          output_final_state=True, cu_seqlens=cu,
-                                          cu_seqlens_cpu=cu.cpu(), use_qk_l2norm_in_kernel=True)
+    if not a.no_accuracy:
+        families = [("random", {}), ("colinear keys", {"key_family": "colinear"}),
+                    ("tiny keys", {"key_family": "tiny"}), ("huge keys", {"key_family": "huge"}),
+                    ("strong decay (g/1)", {"g_scale": 1.0})]
+        names = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
+        for fam, kw in families:
+            leaves, cu, do, dht = inputs([700, 324], 4, 8, D, torch.bfloat16, seed=1, **kw)
+            ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+            ref = grads_of(ref_fn, ref_leaves, cu, do.double(), dht.double())
+            row = {"family": fam}
+            ours = grads_of(kla_fn, leaves, cu, do, dht)
+            row["kla"] = {n: rel_rms(x, r) for n, x, r in zip(names, ours, ref)}
+            if fla_gdr is not None:
+                try:
+                    theirs = grads_of(make_fla_fn(fla_gdr), leaves, cu, do, dht)
+                    row["fla"] = {n: rel_rms(x, r) for n, x, r in zip(names, theirs, ref)}
+                except Exception as e:  # noqa: BLE001
+                    row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
+            log(f"accuracy {fam}: kla {row['kla']} fla {row.get('fla', row.get('fla_error'))}")
+            result["accuracy"].append(row)
 
-    def backward(o, s):
-        torch.autograd.backward((o, s), (torch.ones_like(o), torch.ones_like(s)))
+    with open(os.path.join(a.out, "backward.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    lines = [f"Device: {dev_name}; torch {torch.__version__}; FLA {fla_info}.", ""]
+    if fla_info and fla_info.get("guard_bypassed"):
+        lines += [FLA_NOTE + ".", ""]
+    lines += ["| case | kla bwd ms | FLA bwd ms | kla fwd+bwd ms | FLA fwd+bwd ms | "
+              "kla workspace GiB | kla peak GiB | FLA peak GiB |", "|---|---|---|---|---|---|---|---|"]
 
-    for _ in range(3):
-        backward(*forward())
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-    ev[0].record()
-    o, s = forward()
-    ev[1].record()
-    backward(o, s)
-    ev[2].record()
-    torch.cuda.synchronize()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: 1x{T}, H={H}/HV={HV}, "
-          f"K=V={K}, bf16: fwd ms {ev[0].elapsed_time(ev[1]):.3f} bwd ms "
-          f"{ev[1].elapsed_time(ev[2]):.3f} peak GiB "
-          f"{torch.cuda.max_memory_allocated() / 2**30:.2f}")
+    def f3(x):
+        return f"{x:.3f}" if isinstance(x, float) else "-"
+    for r in result["speed"]:
+        lines.append(f"| {r['case']} | {f3(r['kla_bwd_ms'])} | {f3(r.get('fla_bwd_ms'))} | "
+                     f"{f3(r['kla_fwd_bwd_ms'])} | {f3(r.get('fla_fwd_bwd_ms'))} | "
+                     f"{f3(r['kla_workspace_GiB'])} | {f3(r['kla_peak_GiB'])} | "
+                     f"{f3(r.get('fla_peak_GiB'))} |")
+    if result["accuracy"]:
+        lines += ["", "Relative RMS against float64 gradients (bf16 inputs, 2 packed sequences "
+                  "of 700 + 324 tokens, H 4 / HV 8, K = V = 128, qk l2-norm in the kernel):", "",
+                  "| family | library | dq | dk | dv | dg | dbeta | dh0 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in result["accuracy"]:
+            for lib in ("kla", "fla"):
+                if lib in r:
+                    lines.append(f"| {r['family']} | {lib} | " + " | ".join(
+                        f"{r[lib][n]:.2e}" for n in ["dq", "dk", "dv", "dg", "dbeta", "dh0"]) + " |")
+            if "fla_error" in r:
+                lines.append(f"| {r['family']} | fla | failed: {r['fla_error'][:80]} |||||| ")
+    with open(os.path.join(a.out, "backward.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -29,10 +29,12 @@ if [[ ${1:-} == stage ]]; then
   cd "$ROOT"
   cmake --preset gpu -B "$BUILD" -DKLA_BUILD_BENCH=ON >/dev/null
   cmake --build "$BUILD" --target kla_cuda test_cuda_validate test_cuda_kernels test_cuda_props \
-    test_cuda_accuracy kla_example_c kla_example_cpp kla_bench_cuda kla_wgmma_latency
+    test_cuda_accuracy test_cuda_backward kla_example_c kla_example_cpp kla_bench_cuda \
+    kla_wgmma_latency
   rm -rf "$DIST" && mkdir -p "$DIST"
   for b in tests/cuda/test_cuda_validate tests/cuda/test_cuda_kernels tests/cuda/test_cuda_props \
-           tests/cuda/test_cuda_accuracy tests/cuda/kla_example_c tests/cuda/kla_example_cpp \
+           tests/cuda/test_cuda_accuracy tests/cuda/test_cuda_backward tests/cuda/kla_example_c \
+           tests/cuda/kla_example_cpp \
            bench/kla_bench_cuda bench/kla_wgmma_latency; do
     cp "$BUILD/$b" "$DIST/" && strip "$DIST/$(basename "$b")"
   done
@@ -164,6 +166,9 @@ done
 for path in wy32 wy_transposed tf32; do
   run "props-$path" 400 "$DIST/test_cuda_props" "--kla_path=$path"
 done
+# The backward (kla_chunk_backward) against the reference gradients, every dtype; its table of
+# measured worst relative RMS per gradient goes to backward.md.
+KLA_BACKWARD_OUT=$OUTDIR/backward.md run backward 400 "$DIST/test_cuda_backward"
 KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
 KLA_ACCURACY_OUT=$OUTDIR/accuracy-wy_transposed.md run accuracy-wy_transposed 400 \
   "$DIST/test_cuda_accuracy" --kla_path=wy_transposed
@@ -194,6 +199,10 @@ if command -v compute-sanitizer >/dev/null; then
   run memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run memcheck-props 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_props"
+  run memcheck-backward 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$DIST/test_cuda_backward"
+  run racecheck-backward 400 compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$DIST/test_cuda_backward"
   run initcheck 400 compute-sanitizer --tool initcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run memcheck-wy32 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -214,6 +223,7 @@ run wgmma_latency 60 "$DIST/kla_wgmma_latency"
 
 {
   echo
+  [[ -f $OUTDIR/backward.md ]] && { echo "backward (relative RMS vs the reference gradients):"; cat "$OUTDIR/backward.md"; echo; }
   [[ -f $OUTDIR/accuracy.md ]] && { echo "accuracy (relative RMS vs MPFR, T=2048, K=V=128):"; cat "$OUTDIR/accuracy.md"; echo; }
   [[ -f $OUTDIR/accuracy-wy_transposed.md ]] && { echo "accuracy, --kla_path=wy_transposed (bf16 / fp16 chunk rows: the transposed scan):"; cat "$OUTDIR/accuracy-wy_transposed.md"; echo; }
   [[ -f $OUTDIR/bench.md ]] && { cat "$OUTDIR/bench.md"; echo; }

@@ -62,6 +62,10 @@ def _declare(lib):
         "kla_version_string": (c_char_p, []),
         "kla_abi_version": (c_uint32, []),
         "kla_path_name": (c_char_p, [c_int]),
+        "kla_backward_params_init_abi": (None, [c_void_p, c_uint32, c_uint32]),
+        "kla_validate_backward": (c_int, [POINTER(P.KlaBackwardParams)]),
+        "kla_backward_workspace_size": (c_size_t, [POINTER(P.KlaBackwardParams)]),
+        "kla_chunk_backward": (c_int, [POINTER(P.KlaBackwardParams), c_void_p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -97,6 +101,14 @@ class Library:
         self.validate_raw = lib.kla_validate
         self._init = lib.kla_params_init_abi
         self._template = self._new_params(abi_version)
+        self.chunk_backward = lib.kla_chunk_backward
+        self.backward_workspace_size = lib.kla_backward_workspace_size
+        bp = P.KlaBackwardParams()
+        lib.kla_backward_params_init_abi(ctypes.addressof(bp), abi_version,
+                                         ctypes.sizeof(P.KlaBackwardParams))
+        if bp.struct_size != ctypes.sizeof(P.KlaBackwardParams) or bp.forward.eta_value != 1.0:
+            raise KlaLibraryError(f"kla: kla_backward_params has another layout in {self.path}")
+        self._backward_template = bp
 
     def _check_layout(self, abi_version):
         """kla_params_init_abi must zero exactly sizeof(KlaParams) bytes and set our defaults."""
@@ -126,6 +138,10 @@ class Library:
     def params(self):
         """A fresh kla_params with the library's defaults (a copy of the checked template)."""
         return P.KlaParams.from_buffer_copy(self._template)
+
+    def backward_params(self):
+        """A fresh kla_backward_params with the library's defaults."""
+        return P.KlaBackwardParams.from_buffer_copy(self._backward_template)
 
     def error(self, status):
         name = self.cdll.kla_status_string(status).decode()

@@ -63,6 +63,18 @@ class KlaDeviceInfo(ctypes.Structure):
     ]
 
 
+class KlaBackwardParams(ctypes.Structure):
+    _fields_ = [
+        ("abi_version", c_uint32), ("struct_size", c_uint32), ("forward", KlaParams),
+        ("d_o", c_void_p), ("d_o_strides", c_int64 * 3), ("d_final_state", c_void_p),
+        ("dq", c_void_p), ("dq_strides", c_int64 * 3), ("dk", c_void_p),
+        ("dk_strides", c_int64 * 3), ("dv", c_void_p), ("dv_strides", c_int64 * 3),
+        ("dg", c_void_p), ("dg_strides", c_int64 * 2), ("deta", c_void_p),
+        ("deta_strides", c_int64 * 2), ("d_initial_state", c_void_p), ("workspace", c_void_p),
+        ("workspace_size", c_size_t),
+    ]
+
+
 # offsetof(kla_params, f) and sizeof(kla_params) from kla.h (gcc, x86-64).
 EXPECTED_SIZE = 368
 EXPECTED_OFFSETS = {
@@ -77,12 +89,26 @@ EXPECTED_OFFSETS = {
 }
 
 
+# offsetof(kla_backward_params, f) and its size from kla.h (gcc, x86-64).
+EXPECTED_BACKWARD_SIZE = 584
+EXPECTED_BACKWARD_OFFSETS = {
+    "abi_version": 0, "struct_size": 4, "forward": 8, "d_o": 376, "d_o_strides": 384,
+    "d_final_state": 408, "dq": 416, "dq_strides": 424, "dk": 448, "dk_strides": 456, "dv": 480,
+    "dv_strides": 488, "dg": 512, "dg_strides": 520, "deta": 536, "deta_strides": 544,
+    "d_initial_state": 560, "workspace": 568, "workspace_size": 576,
+}
+
+
 def check_struct_layout():
     """Raises AssertionError if this file's structs do not have kla.h's layout (x86-64)."""
     assert ctypes.sizeof(KlaParams) == EXPECTED_SIZE, ctypes.sizeof(KlaParams)
     assert [f[0] for f in KlaParams._fields_] == list(EXPECTED_OFFSETS), "field order"
     for name, off in EXPECTED_OFFSETS.items():
         assert getattr(KlaParams, name).offset == off, (name, getattr(KlaParams, name).offset)
+    assert ctypes.sizeof(KlaBackwardParams) == EXPECTED_BACKWARD_SIZE
+    assert [f[0] for f in KlaBackwardParams._fields_] == list(EXPECTED_BACKWARD_OFFSETS)
+    for name, off in EXPECTED_BACKWARD_OFFSETS.items():
+        assert getattr(KlaBackwardParams, name).offset == off, name
     assert ctypes.sizeof(KlaPlan) == 840, ctypes.sizeof(KlaPlan)
     assert ctypes.sizeof(KlaDeviceInfo) == 32, ctypes.sizeof(KlaDeviceInfo)
 
@@ -152,3 +178,25 @@ def as_dict(p):
         val = getattr(p, name)
         out[name] = tuple(val) if isinstance(val, ctypes.Array) else val
     return out
+
+
+def fill_backward(bp, do, dq, dk, dv, *, dht=None, dg=None, deta=None, dh0=None, workspace=None):
+    """Fills the gradient fields of kla_backward_params bp (its .forward filled by fill with o =
+    do): do, dv [B,T,HV,V]; dq, dk [B,T,H,K]; dht / dh0 [N,HV,K,V] fp32 contiguous or None; dg /
+    deta [B,T,HV] fp32 or None; workspace a uint8 tensor. Addresses only, as fill."""
+    bp.d_o = do.data_ptr()
+    bp.d_o_strides[:] = do.stride()[:3]
+    bp.d_final_state = _ptr(dht)
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+        setattr(bp, name, t.data_ptr())
+        getattr(bp, name + "_strides")[:] = t.stride()[:3]
+    if dg is not None:
+        bp.dg = dg.data_ptr()
+        bp.dg_strides[:] = dg.stride()[:2]
+    if deta is not None:
+        bp.deta = deta.data_ptr()
+        bp.deta_strides[:] = deta.stride()[:2]
+    bp.d_initial_state = _ptr(dh0)
+    if workspace is not None:
+        bp.workspace, bp.workspace_size = workspace.data_ptr(), workspace.numel()
+    return bp

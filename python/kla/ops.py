@@ -193,14 +193,57 @@ def _(q, k, v, g, eta, state, state_indices, state_indices_cpu, cu_seqlens, cu_s
 
 
 # ---- kla::chunk_bwd: the backward of chunk_fwd and recurrent_fwd ---------------------------
+BACKWARD_MAX_HEAD_DIM = 128  # kla.h: the backward kernels' largest K and V
+
+
+def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps,
+                    eta_value, coefficient, readout, do, dht):
+    """kla_chunk_backward on the current stream: the gradients, allocated here (dq, dk like q,
+    dv like v, dg / deta / dh0 fp32, empty where the input is None), with a workspace from the
+    caching allocator sized by kla_backward_workspace_size."""
+    lib = _lib.load()
+    dev = q.device
+    cu_host = cu_dev = None
+    if cu_seqlens is not None:
+        cu_host, cu_dev = host_and_device(cu_seqlens, cu_seqlens_cpu, dev, "cu_seqlens")
+    do = do.to(v.dtype).contiguous()  # autograd may hand an expanded (stride 0) tensor
+    if dht is not None:
+        dht = dht.float().contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    empty = q.new_empty(0, dtype=torch.float32)
+    dg = torch.empty(g.shape, dtype=torch.float32, device=dev) if g is not None else None
+    deta = torch.empty(eta.shape, dtype=torch.float32, device=dev) if eta is not None else None
+    dh0 = (torch.empty(initial_state.shape, dtype=torch.float32, device=dev)
+           if initial_state is not None else None)
+    bp = lib.backward_params()
+    P.fill(bp.forward, q, k, v, do, g=g, eta=eta, eta_value=eta_value, eps=eps, scale=scale,
+           coefficient=coefficient, readout=readout, initial_state=initial_state,
+           cu_seqlens=cu_dev, cu_seqlens_host=cu_host)
+    ref = ctypes.byref(bp)
+    size = lib.backward_workspace_size(ref)
+    workspace = torch.empty(max(size, 16), dtype=torch.uint8, device=dev)
+    P.fill_backward(bp, do, dq, dk, dv, dht=dht, dg=dg, deta=deta, dh0=dh0, workspace=workspace)
+    status = _call(lib.chunk_backward, ref, dev)
+    if status:
+        raise lib.error(status)
+    del workspace
+    return (dq, dk, dv, dg if dg is not None else empty, deta if deta is not None else empty,
+            dh0 if dh0 is not None else empty)
+
+
+
 def chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], eta: Optional[Tensor],
                    initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
                    cu_seqlens_cpu: Optional[Tensor], scale: float, eps: float, eta_value: float,
                    coefficient: int, readout: int, do: Tensor,
                    dht: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dg, deta, dh0) of the forward with these arguments (_backward.py: PyTorch,
-    the CUDA kernels are issue 25's); dg / deta / dh0 are empty (shape [0]) where g / eta /
-    initial_state is None."""
+    """(dq, dk, dv, dg, deta, dh0) of the forward with these arguments; dg / deta / dh0 are empty
+    (shape [0]) where g / eta / initial_state is None. CUDA tensors with head dims up to 128 run
+    kla_chunk_backward (the kernels, launch_backward); anything else runs _backward.py (PyTorch,
+    the same chunk form): on the CPU, and for K or V above the kernels' 128."""
+    if q.is_cuda and q.shape[3] <= BACKWARD_MAX_HEAD_DIM and v.shape[3] <= BACKWARD_MAX_HEAD_DIM:
+        return launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+                               eps, eta_value, coefficient, readout, do, dht)
     grads = _backward.chunk_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu,
                                      scale, eps, eta_value, coefficient, readout, do, dht)
     return tuple(x.contiguous() if x is not None else q.new_empty(0, dtype=torch.float32)

@@ -52,7 +52,7 @@ def test_another_abi_is_refused(lib):
 class _FakeCDLL:
     """A library object whose kla_abi_version / kla_params_init_abi misbehave on purpose."""
 
-    def __init__(self, abi=P.ABI_VERSION, extra=0, short=0):
+    def __init__(self, abi=P.ABI_VERSION, extra=0, short=0, backward_size=None):
         self.abi, self.extra, self.short = abi, extra, short
         outer = self
 
@@ -72,6 +72,14 @@ class _FakeCDLL:
                 ctypes.memset(addr + n, 0xA5, outer.short)
         self.kla_params_init_abi = fn(init)
 
+        def init_backward(addr, abi, size):  # kla_backward_params_init_abi, this package's layout
+            ctypes.memset(addr, 0, size)
+            bp = P.KlaBackwardParams.from_address(addr)
+            bp.abi_version = abi
+            bp.struct_size = size if backward_size is None else backward_size
+            init(addr + P.KlaBackwardParams.forward.offset, abi, ctypes.sizeof(P.KlaParams))
+        self.kla_backward_params_init_abi = fn(init_backward)
+
     def __getattr__(self, name):  # every other entry point: present, never called
         if name.startswith("kla_"):
             f = lambda *a: 0  # noqa: E731
@@ -84,6 +92,7 @@ class _FakeCDLL:
     (_FakeCDLL(abi=3), r"is ABI 3 .*expects ABI 4"),
     (_FakeCDLL(extra=8), r"kla_params is larger"),
     (_FakeCDLL(short=8), r"kla_params is smaller"),
+    (_FakeCDLL(backward_size=576), r"kla_backward_params has another layout"),
 ])
 def test_mismatched_library_is_refused(monkeypatch, fake, match):
     monkeypatch.setattr(_lib.ctypes, "CDLL", lambda path: fake)

@@ -258,6 +258,55 @@ KLA_API kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t strea
  * never allocate. */
 KLA_API size_t kla_workspace_size(const kla_params* p);
 
+/* ---- Chunkwise backward (training; docs/api.md "Backward") ---------------------------------
+ * The gradients of a loss through kla_chunk_forward with params `forward`, given dO (and
+ * optionally d(final state)):
+ *   dq, dk  [B,T,H,K]  dtype; summed over each key head's value heads in a fixed order
+ *   dv      [B,T,HV,V] dtype
+ *   dg, deta [B,T,HV]  fp32, strides like g (required exactly when forward.g / forward.eta is
+ *                      given: dg is the gradient of the log decay g, deta that of eta)
+ *   d_initial_state [N,HV,K,V] fp32 contiguous, or NULL (not written)
+ * d_o [B,T,HV,V] dtype; d_final_state [N,HV,K,V] fp32 or NULL (zero). The forward's o,
+ * final_state, workspace, fp32_math, path and value_slice are ignored; state_pool is refused.
+ * Arithmetic: fp32 throughout (inputs rounded to the dtype are read exactly), the chunk form of
+ * reference/include/kla/ref/grad_chunk.hpp in the normalised-key form; what the forward would
+ * save (each chunk's incoming state) is recomputed here into the workspace, whose size
+ * kla_backward_workspace_size reports ((2 K V + 64 (5 K + 3 V) + 9216) * 4 bytes per 64-token
+ * chunk and value head). Deterministic (no atomics), no allocation, no host synchronisation.
+ * Head dims up to 128 (a larger one is KLA_ERROR_UNSUPPORTED_HEAD_DIM). */
+typedef struct kla_backward_params {
+  uint32_t abi_version; /* stamped by kla_backward_params_init, checked first */
+  uint32_t struct_size;
+  kla_params forward; /* the forward call (kla_params_init it too) */
+  const void* d_o;
+  int64_t d_o_strides[3];
+  const float* d_final_state;
+  void* dq;
+  int64_t dq_strides[3];
+  void* dk;
+  int64_t dk_strides[3];
+  void* dv;
+  int64_t dv_strides[3];
+  float* dg;
+  int64_t dg_strides[2];
+  float* deta;
+  int64_t deta_strides[2];
+  float* d_initial_state;
+  void* workspace; /* kla_backward_workspace_size bytes, 16-byte aligned (required) */
+  size_t workspace_size;
+} kla_backward_params;
+
+/* Zeroes *p, stamps it and kla_params_init's its forward member. */
+KLA_API void kla_backward_params_init_abi(kla_backward_params* p, uint32_t abi_version,
+                                          uint32_t struct_size);
+#define kla_backward_params_init(p) \
+  kla_backward_params_init_abi((p), KLA_ABI_VERSION, (uint32_t)sizeof(kla_backward_params))
+/* Host-side validation of a backward call (no GPU needed). */
+KLA_API kla_status kla_validate_backward(const kla_backward_params* p);
+/* Bytes of workspace kla_chunk_backward needs for p's sizes (0 for NULL or unusable sizes). */
+KLA_API size_t kla_backward_workspace_size(const kla_backward_params* p);
+KLA_API kla_status kla_chunk_backward(const kla_backward_params* p, kla_stream_t stream);
+
 KLA_API const char* kla_status_string(kla_status s);
 /* The message of the last failing call on this thread ("" if none). Valid until the next call
  * on this thread. */

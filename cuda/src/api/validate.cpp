@@ -9,6 +9,7 @@
 
 #include "kla/kla.h"
 #include "api/errors.hpp"
+#include "bwd/bwd_layout.hpp"
 #include "layout/chunk_geometry.hpp"
 
 #ifndef KLA_VERSION_STRING
@@ -368,6 +369,137 @@ size_t kla_workspace_size(const kla_params* p) {
   return static_cast<size_t>(
       kla::layout::ws_records_bytes(N, p->seq_len, packed, p->num_v_heads, K, V) +
       slots * 2 * H * image);
+}
+
+void kla_backward_params_init_abi(kla_backward_params* p, uint32_t abi_version,
+                                  uint32_t struct_size) {
+  if (!p) return;
+  if (abi_version != KLA_ABI_VERSION || struct_size != sizeof(kla_backward_params)) {
+    if (struct_size >= 2 * sizeof(uint32_t)) {  // the stamp only (as kla_params_init_abi)
+      p->abi_version = abi_version;
+      p->struct_size = struct_size;
+    }
+    return;
+  }
+  std::memset(p, 0, sizeof(*p));
+  p->abi_version = abi_version;
+  p->struct_size = struct_size;
+  kla_params_init_abi(&p->forward, abi_version, uint32_t(sizeof(kla_params)));
+}
+
+kla_status kla_validate_backward(const kla_backward_params* p) {
+  using namespace kla::detail;
+  clear_error();
+  if (!p) return fail(KLA_ERROR_NULL_POINTER, "backward params is NULL");
+  if (p->abi_version != KLA_ABI_VERSION || p->struct_size != sizeof(kla_backward_params))
+    return fail(KLA_ERROR_ABI_MISMATCH,
+                cat("backward params are stamped abi_version = ", p->abi_version,
+                    ", struct_size = ", p->struct_size, "; this library is ABI ", KLA_ABI_VERSION,
+                    " (struct_size ", sizeof(kla_backward_params),
+                    "): the caller was built against another kla.h"));
+  const kla_params& fw = p->forward;
+  if (fw.abi_version == KLA_ABI_VERSION && fw.struct_size == sizeof(kla_params)) {
+    if (fw.state_pool)
+      return fail(KLA_ERROR_INVALID_VALUE,
+                  "backward: forward.state_pool is not differentiable (pass initial_state)");
+  }
+  // The forward's checks, with d_o in o's place (its shape and dtype); what the backward ignores
+  // is cleared first.
+  kla_params f = fw;
+  if (fw.abi_version == KLA_ABI_VERSION && fw.struct_size == sizeof(kla_params)) {
+    f.o = const_cast<void*>(p->d_o);  // read only: validated as o
+    for (int d = 0; d < 3; ++d) f.o_strides[d] = p->d_o_strides[d];
+    f.final_state = nullptr;
+    f.workspace = nullptr;
+    f.workspace_size = 0;
+    f.path = KLA_PATH_AUTO;
+    f.value_slice = 0;
+    f.fp32_math = KLA_FP32_MATH_ACCURATE;
+  }
+  if (kla_status s = kla_validate(&f)) {
+    std::string m = kla_last_error_message();
+    if (m.rfind("kla: ", 0) == 0) m = m.substr(5);
+    return fail(s, cat("backward: forward.", m, " (o here is d_o)"));
+  }
+  const int64_t B = f.batch, T = f.seq_len, H = f.num_heads, HV = f.num_v_heads;
+  const int64_t K = f.head_dim_k, V = f.head_dim_v;
+  if (K > kla::layout::kBwdMaxHeadDim || V > kla::layout::kBwdMaxHeadDim)
+    return fail(KLA_ERROR_UNSUPPORTED_HEAD_DIM,
+                cat("backward: head dims K = ", K, ", V = ", V, " exceed ",
+                    kla::layout::kBwdMaxHeadDim, ", the largest the backward kernels support"));
+  const std::size_t eb = dtype_bytes(f.dtype);
+  const int64_t ext_qk[3] = {B, T, H}, ext_vo[3] = {B, T, HV};
+  const struct {
+    const char* name;
+    const void* ptr;
+    const int64_t* strides;
+    const int64_t* ext;
+    int64_t last;
+  } grads[] = {{"dq", p->dq, p->dq_strides, ext_qk, K},
+               {"dk", p->dk, p->dk_strides, ext_qk, K},
+               {"dv", p->dv, p->dv_strides, ext_vo, V}};
+  for (const auto& t : grads) {
+    if (!t.ptr) return fail(KLA_ERROR_NULL_POINTER, cat("backward: ", t.name, " is NULL"));
+    if (!aligned16(t.ptr))
+      return fail(KLA_ERROR_MISALIGNED, cat("backward: ", t.name, " is not 16-byte aligned"));
+    if (auto s = check_strides(t.name, t.strides, t.ext, eb)) return s;
+    if (auto s = check_span(t.name, t.strides, t.ext, 3, t.last, eb)) return s;
+    if (auto s = check_no_overlap(t.name, t.strides, t.ext, t.last)) return s;
+  }
+  const struct {
+    const char* name;
+    const float* grad;
+    const int64_t* strides;
+    const float* input;
+    const char* input_name;
+  } gates[] = {{"dg", p->dg, p->dg_strides, f.g, "forward.g"},
+               {"deta", p->deta, p->deta_strides, f.eta, "forward.eta"}};
+  const int64_t ext_gate[2] = {B, T};
+  for (const auto& gt : gates) {
+    if (gt.input && !gt.grad)
+      return fail(KLA_ERROR_NULL_POINTER,
+                  cat("backward: ", gt.name, " is NULL while ", gt.input_name, " is given"));
+    if (!gt.input && gt.grad)
+      return fail(KLA_ERROR_INVALID_VALUE,
+                  cat("backward: ", gt.name, " is given but ", gt.input_name,
+                      " is NULL (nothing to differentiate)"));
+    if (auto s = check_gate(gt.name, gt.grad, gt.strides, B, T)) return s;
+    if (gt.grad)
+      if (auto s = check_span(gt.name, gt.strides, ext_gate, 2, HV, sizeof(float))) return s;
+  }
+  if (p->d_final_state && !aligned16(p->d_final_state))
+    return fail(KLA_ERROR_MISALIGNED, "backward: d_final_state is not 16-byte aligned");
+  if (p->d_initial_state && !aligned16(p->d_initial_state))
+    return fail(KLA_ERROR_MISALIGNED, "backward: d_initial_state is not 16-byte aligned");
+  if (!p->workspace)
+    return fail(KLA_ERROR_NULL_POINTER,
+                "backward: workspace is NULL (kla_backward_workspace_size bytes are required)");
+  if (!aligned16(p->workspace))
+    return fail(KLA_ERROR_MISALIGNED, "backward: workspace is not 16-byte aligned");
+  const std::size_t need = kla_backward_workspace_size(p);
+  if (p->workspace_size < need)
+    return fail(KLA_ERROR_INVALID_SIZE,
+                cat("backward: workspace_size = ", p->workspace_size,
+                    " is less than kla_backward_workspace_size() = ", need));
+  return KLA_SUCCESS;
+}
+
+size_t kla_backward_workspace_size(const kla_backward_params* p) {
+  if (!p || p->abi_version != KLA_ABI_VERSION || p->struct_size != sizeof(kla_backward_params))
+    return 0;
+  const kla_params& f = p->forward;
+  if (f.abi_version != KLA_ABI_VERSION || f.struct_size != sizeof(kla_params) || f.seq_len <= 0 ||
+      f.seq_len > INT32_MAX || f.num_v_heads <= 0 || f.num_v_heads > INT32_MAX ||
+      f.head_dim_k <= 0 || f.head_dim_v <= 0 || f.head_dim_k > 4096 || f.head_dim_v > 4096)
+    return 0;
+  const bool packed = f.cu_seqlens != nullptr || f.cu_seqlens_host != nullptr;
+  const int64_t N = packed ? f.num_seqs : f.batch;
+  if (N <= 0 || N > INT32_MAX) return 0;
+  const int64_t slots = kla::layout::chunk_slots(N, f.seq_len, packed);
+  const int64_t rec = kla::layout::BwdRecord(f.head_dim_k, f.head_dim_v).floats;
+  const double total = double(slots) * double(f.num_v_heads) * double(rec) * 4.0;
+  if (total > 9.0e18) return 0;
+  return static_cast<size_t>(slots * f.num_v_heads * rec * 4);
 }
 
 const char* kla_status_string(kla_status status) {

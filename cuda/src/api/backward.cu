@@ -1,0 +1,79 @@
+// kla_chunk_backward (kla.h): validate on the host, check the device's shared memory, fill the
+// backward's flat BwdParams and launch bwd/ on the caller's stream. No host synchronisation, no
+// allocation: capturable in a CUDA graph.
+#include <algorithm>
+#include <string>
+
+#include "api/device.hpp"
+#include "api/errors.hpp"
+#include "api/translate.hpp"
+#include "bwd/bwd_launch.cuh"
+#include "kla/kla.h"
+
+namespace {
+
+using kla::detail::cat;
+using kla::detail::fail;
+
+kla::kernels::BwdParams translate_backward(const kla_backward_params& p) {
+  const kla::plan::Problem pb = kla::plan::describe(p.forward);
+  kla::plan::Plan plan;
+  plan.num_seqs = pb.N;
+  plan.max_chunks = pb.max_chunks;
+  kla::kernels::BwdParams b{};
+  b.f = kla::detail::translate(p.forward, plan);
+  b.f.o = nullptr;
+  b.f.s_out = nullptr;
+  b.f.ws = nullptr;
+  b.f.ws_images = nullptr;
+  b.dO = p.d_o;
+  b.dht = p.d_final_state;
+  b.dq = p.dq;
+  b.dk = p.dk;
+  b.dv = p.dv;
+  for (int d = 0; d < 3; ++d) {
+    b.dos[d] = p.d_o_strides[d];
+    b.dqs[d] = p.dq_strides[d];
+    b.dks[d] = p.dk_strides[d];
+    b.dvs[d] = p.dv_strides[d];
+  }
+  b.dg = p.dg;
+  b.deta = p.deta;
+  for (int d = 0; d < 2; ++d) {
+    b.dgs[d] = p.dg_strides[d];
+    b.des[d] = p.deta_strides[d];
+  }
+  b.dh0 = p.d_initial_state;
+  b.ws = static_cast<float*>(p.workspace);
+  b.rec_floats = kla::layout::BwdRecord(p.forward.head_dim_k, p.forward.head_dim_v).floats;
+  b.group = int(p.forward.num_v_heads / p.forward.num_heads);
+  return b;
+}
+
+}  // namespace
+
+extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_stream_t stream) {
+  if (kla_status s = kla_validate_backward(p)) return s;
+  kla::plan::DeviceInfo dev;
+  if (kla_status s = kla::detail::current_device(dev)) return s;
+  const int K = int(p->forward.head_dim_k), V = int(p->forward.head_dim_v);
+  const int64_t need = std::max({kla::layout::bwd_prep_smem(K, V), kla::layout::bwd_scan_smem(K),
+                                 kla::layout::bwd_solve_smem(K), kla::layout::bwd_grads_smem(K)});
+  if (need > dev.max_smem)
+    return fail(KLA_ERROR_UNSUPPORTED_PATH,
+                cat("kla_chunk_backward: the backward needs ", need,
+                    " bytes of shared memory per block at K = ", K, ", V = ", V,
+                    "; this device offers ", dev.max_smem));
+  const kla::kernels::BwdParams b = translate_backward(*p);
+  const char* what = "the launch";
+  const auto st = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaSuccess;
+  switch (p->forward.dtype) {
+    case KLA_DTYPE_FP32: e = kla::kernels::launch_backward_fp32(b, st, what); break;
+    case KLA_DTYPE_BF16: e = kla::kernels::launch_backward_bf16(b, st, what); break;
+    case KLA_DTYPE_FP16: e = kla::kernels::launch_backward_fp16(b, st, what); break;
+  }
+  if (e == cudaSuccess) return KLA_SUCCESS;
+  (void)cudaGetLastError();
+  return fail(KLA_ERROR_CUDA, cat("kla_chunk_backward: ", what, ": ", cudaGetErrorString(e)));
+}

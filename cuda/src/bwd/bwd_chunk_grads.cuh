@@ -1,0 +1,353 @@
+// Backward, passes 4 and 5: every input gradient, fully parallel over (chunk, value head,
+// sequence), from the records the scans completed (bwd/bwd_state_scans.cuh): the chunk's incoming
+// state S, its outgoing state's gradient dS, U and dU. The chunk form's adjoint (grad_chunk.hpp,
+// _backward.py), dY = dO (the read-out scale is inside q^):
+//   bwd_solve_adjoint_kernel   dR = A^-T dU (kept in the record in place of dU),
+//                              Pm = (dY U^T) o Gamma,  dL = -(dR U^T) strictly lower,
+//                              Z = diag(beta) (dL o Gamma), and the parts of dG, dbeta that the
+//                              [C][C] matrices give (row and column sums of Pm o Q^K^^T and
+//                              Z o K^K^^T; sum_j (dL o Gamma o K^K^^T)_ij).
+//   bwd_input_grads_kernel     dq^ = e^G o (dY S^T) + Pm K^
+//                              dk^ = Pm^T Q^ + Gamma_C o (U dS^T) + Z K^ + Z^T K^ - e^G beta o (dR
+//                              S^T) dv^ = beta dR,  dG and dbeta completed, dg = the reverse
+//                              cumulative sum of dG within the chunk, and the prologue backwards:
+//                              x^ = x s(x) gives dx = s (dx^ - x^ (x^ . dx^)) (the key's with the
+//                              value's share: + v^ . dv^), proofs_check grad.normalized_key.
+//   bwd_group_sum_kernel       dq, dk of each key head: its value heads' in order (no atomics).
+// Precision: fp32, each product summed in index order (bwd/block_gemm.cuh).
+#pragma once
+
+#include "bwd/bwd_prep.cuh"
+
+namespace kla::kernels {
+
+template <class E>
+__global__ void __launch_bounds__(kBwdThreads) bwd_solve_adjoint_kernel(const BwdParams bp) {
+  const KernelParams& p = bp.f;
+  constexpr int C = kChunk, VP = kBwdPanel, PP = bwd_pitch(VP);
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int K = p.K, V = p.V, PK = bwd_pitch(K), PC = bwd_pitch(C);
+  const PrepTile pt = prep_tile(p);
+  if (pt.L == 0) return;
+  const int L = pt.L, hv = pt.hv;
+  const BwdRecord R(K, V);
+  float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
+  float* Ai = smem;           // [C][PC] A^-1
+  float* KKs = Ai + C * PC;   // [C][PC] K^ K^^T, then dL o Gamma o K^K^^T
+  float* QKs = KKs + C * PC;  // [C][PC] Q^ K^^T, then Pm o Q^K^^T
+  float* Pa = QKs + C * PC;   // [C][PC] dY U^T, then Pm
+  float* Da = Pa + C * PC;    // [C][PC] dR U^T, then Z
+  float* Rg = Da + C * PC;    // K^, Q^ tiles, then the V panels
+  const int64_t tiles = 2 * C * PK, panels = 5 * C * PP;
+  float* sc = Rg + (tiles > panels ? tiles : panels);  // G, beta, dbeta, dG
+  float* G = sc;
+  float* beta = sc + C;
+  float* dbeta = sc + 2 * C;
+  float* dG = sc + 3 * C;
+  const int tid = threadIdx.x;
+  {
+    float* Khs = Rg;
+    float* Qhs = Rg + C * PK;
+    for (int idx = tid; idx < C * K; idx += kBwdThreads) {
+      const int i = idx / K, r = idx % K;
+      Khs[i * PK + r] = rec[R.kh + idx];
+      Qhs[i * PK + r] = rec[R.qh + idx];
+    }
+    for (int idx = tid; idx < C * C; idx += kBwdThreads) {
+      const int i = idx / C, j = idx % C;
+      Ai[i * PC + j] = rec[R.ainv + idx];
+      Pa[i * PC + j] = 0.f;
+      Da[i * PC + j] = 0.f;
+    }
+    if (tid < C) {
+      G[tid] = rec[R.sc + kScG * C + tid];
+      beta[tid] = rec[R.sc + kScBeta * C + tid];
+      dbeta[tid] = 0.f;
+    }
+    __syncthreads();
+    block_gemm<false, true, false>(C, C, K, Khs, PK, Khs, PK, KKs, PC, 1.f);
+    block_gemm<false, true, false>(C, C, K, Qhs, PK, Khs, PK, QKs, PC, 1.f);
+  }
+  float* dUp = Rg;
+  float* Up = dUp + C * PP;
+  float* dYp = Up + C * PP;
+  float* dRp = dYp + C * PP;
+  float* Vp = dRp + C * PP;
+  const E* dOb = static_cast<const E*>(bp.dO);
+  for (int c0 = 0; c0 < V; c0 += VP) {
+    __syncthreads();  // the tiles (first panel) or the previous panel are consumed
+    for (int idx = tid; idx < C * VP; idx += kBwdThreads) {
+      const int i = idx / VP, cc = idx % VP;
+      const int64_t g = int64_t(i) * V + c0 + cc;
+      dUp[i * PP + cc] = rec[R.du + g];
+      Up[i * PP + cc] = rec[R.u + g];
+      Vp[i * PP + cc] = rec[R.vh + g];
+      dYp[i * PP + cc] = i < L ? tof(dOb[pt.sr.b * bp.dos[0] + (pt.tb + i) * bp.dos[1] +
+                                         int64_t(hv) * bp.dos[2] + c0 + cc])
+                               : 0.f;
+    }
+    __syncthreads();
+    block_gemm<true, false, false>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);  // dR = A^-T dU
+    __syncthreads();
+    for (int idx = tid; idx < C * VP; idx += kBwdThreads) {
+      const int i = idx / VP, cc = idx % VP;
+      rec[R.du + int64_t(i) * V + c0 + cc] = dRp[i * PP + cc];
+    }
+    block_gemm<false, true, true>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);
+    block_gemm<false, true, true>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);
+    if (tid < C) {
+      float s = dbeta[tid];
+      for (int cc = 0; cc < VP; ++cc) s = fmaf(dRp[tid * PP + cc], Vp[tid * PP + cc], s);
+      dbeta[tid] = s;  // + dR_i . v^_i
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < C * C; idx += kBwdThreads) {
+    const int i = idx / C, j = idx % C;
+    const float gam = j <= i ? expf(G[i] - G[j]) : 0.f;
+    const float pm = Pa[i * PC + j] * gam;  // 0 above the diagonal
+    const float dlg = j < i ? -Da[i * PC + j] * gam : 0.f;
+    Pa[i * PC + j] = pm;
+    Da[i * PC + j] = beta[i] * dlg;
+    QKs[i * PC + j] *= pm;
+    KKs[i * PC + j] *= dlg;
+  }
+  __syncthreads();
+  if (tid < C) {
+    const int i = tid;
+    float rx = 0.f, cx = 0.f, rt = 0.f, cbt = 0.f;
+    for (int j = 0; j < C; ++j) {
+      rx += QKs[i * PC + j];
+      cx += QKs[j * PC + i];
+      rt += KKs[i * PC + j];
+      cbt = fmaf(beta[j], KKs[j * PC + i], cbt);
+    }
+    dG[i] = (rx - cx) + (beta[i] * rt - cbt);
+    dbeta[i] += rt;
+    rec[R.sc + kScDG * C + i] = dG[i];
+    rec[R.sc + kScDBeta * C + i] = dbeta[i];
+  }
+  bwd_copy(rec + R.m, C, Pa, PC, C, C);
+  bwd_copy(rec + R.ainv, C, Da, PC, C, C);
+}
+
+template <class E>
+__global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdParams bp) {
+  const KernelParams& p = bp.f;
+  constexpr int C = kChunk, VP = kBwdPanel, PP = bwd_pitch(VP);
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int K = p.K, V = p.V, PK = bwd_pitch(K), PC = bwd_pitch(C);
+  const PrepTile pt = prep_tile(p);
+  if (pt.L == 0) return;
+  const int L = pt.L, hv = pt.hv, h = pt.h;
+  const BwdRecord R(K, V);
+  float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
+  float* A1 = smem;         // [C][PK] dY S^T, then dq^
+  float* A2 = A1 + C * PK;  // [C][PK] U dS^T, then dk^
+  float* A3 = A2 + C * PK;  // [C][PK] dR S^T
+  float* Rg = A3 + C * PK;
+  const int64_t panels = 2 * int64_t(K) * PP + 3 * C * PP, tiles = 2 * C * PK + 2 * C * PC;
+  float* sc = Rg + (tiles > panels ? tiles : panels);
+  float* G = sc;            // G_i
+  float* beta = sc + C;     // beta_i
+  float* dGs = sc + 2 * C;  // dG_i, then dg_i
+  float* dbs = sc + 3 * C;  // dbeta_i
+  float* zs = sc + 4 * C;   // z_i = Gamma_Ci k^_i . (dS u_i)
+  float* red = sc + 8 * C;  // [kBwdThreads] partial sums of dS o S
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int idx = tid; idx < 3 * C * PK; idx += kBwdThreads) A1[idx] = 0.f;
+  if (tid < C) {
+    G[tid] = rec[R.sc + kScG * C + tid];
+    beta[tid] = rec[R.sc + kScBeta * C + tid];
+    dGs[tid] = rec[R.sc + kScDG * C + tid];
+    dbs[tid] = rec[R.sc + kScDBeta * C + tid];
+  }
+  float* Sp = Rg;             // [K][PP]
+  float* dSp = Sp + K * PP;   // [K][PP]
+  float* dYp = dSp + K * PP;  // [C][PP]
+  float* Up = dYp + C * PP;
+  float* dRp = Up + C * PP;
+  const E* dOb = static_cast<const E*>(bp.dO);
+  float carry = 0.f;  // this thread's part of sum(dS o S)
+  for (int c0 = 0; c0 < V; c0 += VP) {
+    __syncthreads();
+    for (int idx = tid; idx < K * VP; idx += kBwdThreads) {
+      const int r = idx / VP, cc = idx % VP;
+      const float s = rec[R.s + int64_t(r) * V + c0 + cc],
+                  ds = rec[R.ds + int64_t(r) * V + c0 + cc];
+      Sp[r * PP + cc] = s;
+      dSp[r * PP + cc] = ds;
+      carry = fmaf(s, ds, carry);
+    }
+    for (int idx = tid; idx < C * VP; idx += kBwdThreads) {
+      const int i = idx / VP, cc = idx % VP;
+      const int64_t g = int64_t(i) * V + c0 + cc;
+      Up[i * PP + cc] = rec[R.u + g];
+      dRp[i * PP + cc] = rec[R.du + g];
+      dYp[i * PP + cc] = i < L ? tof(dOb[pt.sr.b * bp.dos[0] + (pt.tb + i) * bp.dos[1] +
+                                         int64_t(hv) * bp.dos[2] + c0 + cc])
+                               : 0.f;
+    }
+    __syncthreads();
+    block_gemm<false, true, true>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);
+    block_gemm<false, true, true>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);
+    block_gemm<false, true, true>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);
+  }
+  __syncthreads();
+  float* Khs = Rg;            // [C][PK]
+  float* Qhs = Khs + C * PK;  // [C][PK]
+  float* Pms = Qhs + C * PK;  // [C][PC]
+  float* Zs = Pms + C * PC;   // [C][PC]
+  red[tid] = carry;
+  for (int idx = tid; idx < C * K; idx += kBwdThreads) {
+    const int i = idx / K, r = idx % K;
+    Khs[i * PK + r] = rec[R.kh + idx];
+    Qhs[i * PK + r] = rec[R.qh + idx];
+  }
+  for (int idx = tid; idx < C * C; idx += kBwdThreads) {
+    const int i = idx / C, j = idx % C;
+    Pms[i * PC + j] = rec[R.m + idx];
+    Zs[i * PC + j] = rec[R.ainv + idx];
+  }
+  __syncthreads();
+  // Row terms: e^G_i q^_i.(S dy_i), z_i, and k^_i.(S dR_i), one warp per token.
+  for (int i = warp; i < C; i += kBwdThreads / 32) {
+    float a = 0.f, zk = 0.f, c = 0.f;
+    for (int r = lane; r < K; r += 32) {
+      a = fmaf(Qhs[i * PK + r], A1[i * PK + r], a);
+      zk = fmaf(Khs[i * PK + r], A2[i * PK + r], zk);
+      c = fmaf(Khs[i * PK + r], A3[i * PK + r], c);
+    }
+    a = warp_sum(a);
+    zk = warp_sum(zk);
+    c = warp_sum(c);
+    if (lane == 0) {
+      const float eG = expf(G[i]), z = expf(G[C - 1] - G[i]) * zk;
+      zs[i] = z;
+      dGs[i] += eG * a - z - eG * beta[i] * c;
+      dbs[i] -= eG * c;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < C * K; idx += kBwdThreads) {
+    const int i = idx / K, r = idx % K;
+    const float eG = expf(G[i]);
+    A1[i * PK + r] *= eG;
+    A2[i * PK + r] = expf(G[C - 1] - G[i]) * A2[i * PK + r] - eG * beta[i] * A3[i * PK + r];
+  }
+  if (tid == 0) {
+    // Carried state: dG_{C-1} += gamma_C sum(dS o S) + sum_i z_i; then dg = reverse cumsum.
+    float s = 0.f;
+    for (int t = 0; t < kBwdThreads; ++t) s += red[t];
+    float zsum = 0.f;
+    for (int i = 0; i < C; ++i) zsum += zs[i];
+    dGs[C - 1] += rec[R.sc + kScChunk * C] * s + zsum;
+    float acc = 0.f;
+    for (int i = C - 1; i >= 0; --i) {
+      acc += dGs[i];
+      dGs[i] = acc;
+    }
+  }
+  __syncthreads();
+  block_gemm<false, false, true>(C, K, C, Pms, PC, Khs, PK, A1, PK, 1.f);  // + Pm K^
+  block_gemm<true, false, true>(C, K, C, Pms, PC, Qhs, PK, A2, PK, 1.f);   // + Pm^T Q^
+  block_gemm<false, false, true>(C, K, C, Zs, PC, Khs, PK, A2, PK, 1.f);   // + Z K^
+  block_gemm<true, false, true>(C, K, C, Zs, PC, Khs, PK, A2, PK, 1.f);    // + Z^T K^
+  __syncthreads();
+
+  // The prologue backwards and the writes, one warp per token.
+  const E* qb = static_cast<const E*>(p.q);
+  const E* kb = static_cast<const E*>(p.k);
+  E* dvb = static_cast<E*>(bp.dv);
+  const float* rs = rec + R.sc;
+  const bool direct = bp.group == 1;
+  for (int i = warp; i < L; i += kBwdThreads / 32) {
+    const int64_t t = pt.tb + i, b = pt.sr.b;
+    const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
+    const float ks = rs[kScVscale * C + i], kn = rs[kScKnorm * C + i], bi = beta[i];
+    // dq
+    float dot = 0.f;
+    if (p.l2norm != 0)
+      for (int r = lane; r < K; r += 32)
+        dot = fmaf(tof(qb[b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2] + r]) * qn,
+                   A1[i * PK + r], dot);
+    dot = warp_sum(dot);
+    for (int r = lane; r < K; r += 32) {
+      float x = A1[i * PK + r];
+      if (p.l2norm != 0)
+        x -= tof(qb[b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2] + r]) * qn * dot;
+      x *= qs;
+      if (direct)
+        static_cast<E*>(bp.dq)[b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2] + r] =
+            Dtype<E>::from_float(x);
+      else
+        rec[R.dq + int64_t(i) * K + r] = x;
+    }
+    // dv and the Kaczmarz share of dk: t1 = k^.dk^ + v^.dv^
+    float t1 = 0.f;
+    for (int r = lane; r < V; r += 32) {
+      const float dvh = bi * rec[R.du + int64_t(i) * V + r];
+      t1 = fmaf(rec[R.vh + int64_t(i) * V + r], dvh, t1);
+      dvb[b * bp.dvs[0] + t * bp.dvs[1] + int64_t(hv) * bp.dvs[2] + r] =
+          Dtype<E>::from_float(ks * dvh);
+    }
+    for (int r = lane; r < K; r += 32) t1 = fmaf(Khs[i * PK + r], A2[i * PK + r], t1);
+    t1 = warp_sum(t1);
+    // dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^; then the qk l2-norm's chain.
+    float t2 = 0.f;
+    for (int r = lane; r < K; r += 32) {
+      float x = A2[i * PK + r];
+      if (p.kaczmarz) x = ks * (x - Khs[i * PK + r] * t1);
+      A2[i * PK + r] = x;
+      if (p.l2norm == 2)
+        t2 = fmaf(tof(kb[b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2] + r]) * kn, x, t2);
+    }
+    t2 = warp_sum(t2);
+    for (int r = lane; r < K; r += 32) {
+      float x = A2[i * PK + r];
+      if (p.l2norm == 2)
+        x = kn * (x - tof(kb[b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2] + r]) * kn * t2);
+      if (direct)
+        static_cast<E*>(bp.dk)[b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2] + r] =
+            Dtype<E>::from_float(x);
+      else
+        rec[R.dk + int64_t(i) * K + r] = x;
+    }
+    if (lane == 0) {
+      if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + hv] = dGs[i];
+      if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + hv] = dbs[i];
+    }
+  }
+}
+
+/// dq, dk of key head h (grid: chunk, key head, sequence): the sum of its value heads' rows in
+/// the records, in value-head order.
+template <class E>
+__global__ void __launch_bounds__(kBwdThreads) bwd_group_sum_kernel(const BwdParams bp) {
+  const KernelParams& p = bp.f;
+  constexpr int C = kChunk;
+  const int c = int(blockIdx.x), h = int(blockIdx.y), n = int(blockIdx.z), K = p.K;
+  const SeqRange sr = seq_range(p, n);
+  const int64_t cs = int64_t(c) * C;
+  if (cs >= sr.len) return;
+  const int L = int(sr.len - cs < C ? sr.len - cs : C);
+  const BwdRecord R(K, p.V);
+  for (int idx = threadIdx.x; idx < L * K; idx += kBwdThreads) {
+    const int i = idx / K, r = idx % K;
+    float sq = 0.f, sk = 0.f;
+    for (int j = 0; j < bp.group; ++j) {
+      const float* rec = bwd_record(bp, n, sr, c, h * bp.group + j);
+      sq += rec[R.dq + idx];
+      sk += rec[R.dk + idx];
+    }
+    const int64_t t = sr.t0 + cs + i;
+    static_cast<E*>(bp.dq)[sr.b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2] + r] =
+        Dtype<E>::from_float(sq);
+    static_cast<E*>(bp.dk)[sr.b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2] + r] =
+        Dtype<E>::from_float(sk);
+  }
+}
+
+}  // namespace kla::kernels

@@ -1,0 +1,63 @@
+// Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, solve
+// adjoint, input gradients, and (grouped value heads) the key heads' sums, on one stream.
+// Decides nothing: the sizes and shared memory come from bwd/bwd_layout.hpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "bwd/bwd_chunk_grads.cuh"
+#include "bwd/bwd_state_scans.cuh"
+
+namespace kla::kernels {
+
+template <class Kernel>
+cudaError_t bwd_launch(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& bp,
+                       cudaStream_t stream) {
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
+  kernel<<<grid, kBwdThreads, size_t(smem), stream>>>(bp);
+  return cudaGetLastError();
+}
+
+template <class E>
+cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char*& what) {
+  const KernelParams& p = bp.f;
+  const dim3 chunks(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N));
+  const dim3 scans(unsigned(int64_t(p.N) * p.HV * (p.V / kBwdScanSlice)));
+  if (p.max_chunks > 0) {
+    what = "the backward prep";
+    if (cudaError_t e = bwd_launch(bwd_prep_kernel<E>, chunks, bwd_prep_smem(p.K, p.V), bp, stream))
+      return e;
+    what = "the backward state scan";
+    if (cudaError_t e =
+            bwd_launch(bwd_state_forward_kernel<E>, scans, bwd_scan_smem(p.K), bp, stream))
+      return e;
+  }
+  what = "the backward state-gradient scan";
+  if (cudaError_t e =
+          bwd_launch(bwd_state_backward_kernel<E>, scans, bwd_scan_smem(p.K), bp, stream))
+    return e;
+  if (p.max_chunks == 0) return cudaSuccess;
+  what = "the backward solve adjoint";
+  if (cudaError_t e =
+          bwd_launch(bwd_solve_adjoint_kernel<E>, chunks, bwd_solve_smem(p.K), bp, stream))
+    return e;
+  what = "the backward input gradients";
+  if (cudaError_t e =
+          bwd_launch(bwd_input_grads_kernel<E>, chunks, bwd_grads_smem(p.K), bp, stream))
+    return e;
+  if (bp.group > 1) {
+    what = "the backward key-head sums";
+    const dim3 heads(unsigned(p.max_chunks), unsigned(p.H), unsigned(p.N));
+    if (cudaError_t e = bwd_launch(bwd_group_sum_kernel<E>, heads, 0, bp, stream)) return e;
+  }
+  return cudaSuccess;
+}
+
+/// Defined in bwd/backward_{fp32,bf16,fp16}.cu.
+cudaError_t launch_backward_fp32(const BwdParams& bp, cudaStream_t stream, const char*& what);
+cudaError_t launch_backward_bf16(const BwdParams& bp, cudaStream_t stream, const char*& what);
+cudaError_t launch_backward_fp16(const BwdParams& bp, cudaStream_t stream, const char*& what);
+
+}  // namespace kla::kernels

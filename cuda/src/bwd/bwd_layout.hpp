@@ -1,0 +1,94 @@
+// The backward's workspace record and shared-memory sizes, shared by the host (validation,
+// kla_backward_workspace_size) and the kernels. Plain C++.
+//
+// One record per (chunk slot, value head) (chunk slots as the forward's, chunk_geometry.hpp), all
+// fp32, row-major, C = 64 rows per chunk (rows past the sequence's end zero):
+//   kh, qh [C][K]  the chunk's keys k^ = kscale k and queries q^ = qscale q (read-out scale in)
+//   vh     [C][V]  values v^ = vscale v
+//   w      [C][K]  W = A^-1 diag(beta e^G) K^            (A = I + L, the chunk system)
+//   u      [C][V]  U0 = A^-1 diag(beta) V^, then U = U0 - W S (the state scan)
+//   du     [C][V]  dU = M^T dY + K_G dS_out (the state-gradient scan), then dR = A^-T dU
+//   m      [C][C]  M = (Q^ K^^T) o Gamma (lower), then Pm = (dY U^T) o Gamma
+//   ainv   [C][C]  A^-1 (lower), then Z = beta_i Gamma o dL
+//   sc     [16][C] per-token scalars (BwdScalar rows)
+//   s, ds  [K][V]  the chunk's incoming state S and the gradient of its outgoing state
+//   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards)
+#pragma once
+
+#include <cstdint>
+
+#include "layout/chunk_geometry.hpp"
+
+namespace kla::layout {
+
+/// Largest head dims of the backward (its per-chunk kernel keeps three [C][K] accumulators and a
+/// [C][K] key tile in shared memory).
+constexpr int kBwdMaxHeadDim = 128;
+/// Threads of every backward kernel; value columns per state-scan block; V panel of the
+/// per-chunk kernels.
+constexpr int kBwdThreads = 256, kBwdScanSlice = 16, kBwdPanel = 32;
+
+/// Rows of the record's per-token scalars.
+enum BwdScalar : int {
+  kScKscale = 0,  // k^ = kscale k (0 for a degenerate key)
+  kScVscale,      // v^ = vscale v; also the Kaczmarz normalisation 1 / sqrt(|k1|^2 + eps)
+  kScKnorm,       // qk l2-norm factor of the key (1 otherwise): k1 = knorm k
+  kScQnorm,       // q l2-norm factor (1 / |q|, 1 / sqrt(|q|^2 + 1e-6), or 1)
+  kScQscale,      // q^ = qscale q (read-out scale included)
+  kScBeta,        // beta (0 past the end and for degenerate keys)
+  kScG,           // inclusive cumulative log decay G_i
+  kScDG,          // d loss / d G_i, the parts the solve adjoint finds
+  kScDBeta,       // d loss / d beta_i, the same
+  kScChunk,       // [0] = gamma_C = e^{G_{C-1}}
+  kBwdScalarRows = 16
+};
+
+/// Float offsets of one backward record.
+struct BwdRecord {
+  int64_t kh, qh, vh, w, u, du, m, ainv, sc, s, ds, dq, dk, floats;
+  constexpr BwdRecord(int64_t K, int64_t V)
+      : kh(0),
+        qh(kh + kChunk * K),
+        vh(qh + kChunk * K),
+        w(vh + kChunk * V),
+        u(w + kChunk * K),
+        du(u + kChunk * V),
+        m(du + kChunk * V),
+        ainv(m + kChunk * kChunk),
+        sc(ainv + kChunk * kChunk),
+        s(sc + kBwdScalarRows * kChunk),
+        ds(s + K * V),
+        dq(ds + K * V),
+        dk(dq + kChunk * K),
+        floats(dk + kChunk * K) {}
+};
+
+/// Shared-memory row pitch (floats) of a matrix `width` wide: rows 16-byte aligned, offset by 4
+/// banks from row to row.
+constexpr int bwd_pitch(int width) {
+  return width + 4;
+}
+
+/// Dynamic shared memory (bytes) of each backward kernel at head dims K, V.
+constexpr int64_t bwd_prep_smem(int K, int V) {
+  return 4 * (2 * kChunk * bwd_pitch(K) + kChunk * bwd_pitch(V) + 2 * kChunk * bwd_pitch(kChunk) +
+              8 * kChunk);
+}
+constexpr int64_t bwd_scan_smem(int K) {
+  // M, W, K_G (or Q_E), state slice, two [C][VS] tiles
+  return 4 * (kChunk * bwd_pitch(kChunk) + 3 * kChunk * bwd_pitch(K) +
+              K * bwd_pitch(kBwdScanSlice) + 2 * kChunk * bwd_pitch(kBwdScanSlice) + 2 * kChunk);
+}
+constexpr int64_t bwd_solve_smem(int K) {
+  const int64_t tiles = 2 * kChunk * bwd_pitch(K);           // K^, Q^ (first phase)
+  const int64_t panels = 5 * kChunk * bwd_pitch(kBwdPanel);  // dU, U, dY, dR, V^ panels
+  return 4 * (5 * kChunk * bwd_pitch(kChunk) + (tiles > panels ? tiles : panels) + 4 * kChunk);
+}
+constexpr int64_t bwd_grads_smem(int K) {
+  const int64_t acc = 3 * kChunk * bwd_pitch(K);  // dY S^T, U dS^T, dR S^T
+  const int64_t panels = 2 * int64_t(K) * bwd_pitch(kBwdPanel) + 3 * kChunk * bwd_pitch(kBwdPanel);
+  const int64_t tiles = 2 * kChunk * bwd_pitch(K) + 2 * kChunk * bwd_pitch(kChunk);
+  return 4 * (acc + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdThreads);
+}
+
+}  // namespace kla::layout

@@ -1,0 +1,174 @@
+// Backward, pass 1 (prep): bwd_prep_kernel, one block per (chunk, value head, sequence), fully
+// parallel. The chunk's prologue in the normalised-key form (common/kernel_common.cuh token_coef,
+// readout_scale): k^ = kscale k, v^ = vscale v, q^ = qscale q, beta, the inclusive cumulative log
+// decay G; then the chunk system of eq. (chunk_system) (grad_chunk.hpp, _chunk_torch.py):
+//   L_ij = beta_i Gamma_ij k^_i.k^_j (j < i),  A = I + L,  A^-1 by forward substitution,
+//   W = A^-1 diag(beta e^G) K^,  U0 = A^-1 diag(beta) V^,  M = (Q^ K^^T) o Gamma (j <= i),
+// all written to the chunk's record (bwd/bwd_layout.hpp) with the per-token scalars.
+//
+// Precision: fp32 throughout (raw bf16 / fp16 inputs are exact in fp32); Gamma_ij = exp(G_i - G_j)
+// (j <= i) is at most 1; the entries of L are bounded by eta (normalised keys), so the
+// substitution's growth is that of the forward's chunk system.
+#pragma once
+
+#include "bwd/block_gemm.cuh"
+#include "bwd/bwd_layout.hpp"
+#include "bwd/bwd_params.hpp"
+#include "arch/mma_tf32.cuh"
+#include "common/kernel_common.cuh"
+#include "prep/token_scalars.cuh"
+
+namespace kla::kernels {
+
+/// The record of chunk c of sequence n (token range sr) for value head hv.
+__device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const SeqRange& sr, int c,
+                                             int hv) {
+  return bp.ws + (chunk_slot(bp.f, n, sr, c) * bp.f.HV + hv) * bp.rec_floats;
+}
+
+/// Loads rows [0, L) of a [C][W] tile of a [B,T,heads,W] tensor (zero rows past L) as fp32 into
+/// shared memory of pitch `pitch`.
+template <class E>
+__device__ __forceinline__ void bwd_load_rows(float* dst, int pitch, const E* base,
+                                              const int64_t* st, int64_t b, int64_t tb, int head,
+                                              int L, int W) {
+  for (int idx = threadIdx.x; idx < kChunk * W; idx += blockDim.x) {
+    const int i = idx / W, r = idx % W;
+    dst[i * pitch + r] =
+        i < L ? tof(base[b * st[0] + (tb + i) * st[1] + int64_t(head) * st[2] + r]) : 0.f;
+  }
+}
+
+/// Copies a [rows][W] fp32 matrix between global (pitch gp) and shared (pitch sp) memory.
+__device__ __forceinline__ void bwd_copy(float* dst, int dp, const float* src, int sp, int rows,
+                                         int W) {
+  for (int idx = threadIdx.x; idx < rows * W; idx += blockDim.x) {
+    const int i = idx / W, r = idx % W;
+    dst[int64_t(i) * dp + r] = src[int64_t(i) * sp + r];
+  }
+}
+
+template <class E>
+__global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(const BwdParams bp) {
+  const KernelParams& p = bp.f;
+  constexpr int C = kChunk;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int K = p.K, V = p.V, PK = bwd_pitch(K), PV = bwd_pitch(V), PC = bwd_pitch(C);
+  const PrepTile pt = prep_tile(p);
+  if (pt.L == 0) return;
+  const int L = pt.L, hv = pt.hv, h = pt.h;
+  float* Ks = smem;         // [C][PK] raw keys, then k^, then diag(beta e^G) k^
+  float* Qs = Ks + C * PK;  // [C][PK] raw queries, then q^
+  float* Vs = Qs + C * PK;  // [C][PV] raw values, then v^, then diag(beta) v^
+  float* Ls = Vs + C * PV;  // [C][PC] K^ K^^T, then L
+  float* Xs = Ls + C * PC;  // [C][PC] Q^ K^^T, then A^-1
+  float* sc = Xs + C * PC;  // [8][C] kscale, vscale, knorm, qnorm, qscale, beta, G, eta
+  float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  bwd_load_rows(Ks, PK, static_cast<const E*>(p.k), p.ks, pt.sr.b, pt.tb, h, L, K);
+  bwd_load_rows(Qs, PK, static_cast<const E*>(p.q), p.qs, pt.sr.b, pt.tb, h, L, K);
+  bwd_load_rows(Vs, PV, static_cast<const E*>(p.v), p.vs, pt.sr.b, pt.tb, hv, L, V);
+  __syncthreads();
+  // Per-token scalars, one warp per token (norms summed in a fixed order).
+  for (int i = warp; i < C; i += kBwdThreads / 32) {
+    float n2 = 0.f, qn2 = 0.f;
+    for (int r = lane; r < K; r += 32) {
+      n2 = fmaf(Ks[i * PK + r], Ks[i * PK + r], n2);
+      qn2 = fmaf(Qs[i * PK + r], Qs[i * PK + r], qn2);
+    }
+    n2 = warp_sum(n2);
+    qn2 = warp_sum(qn2);
+    if (lane == 0) {
+      const bool ok = i < L;
+      const float eta = ok ? token_eta(p, pt.sr.b, pt.tb + i, hv) : 0.f;
+      const TokenCoef tc = ok ? token_coef(n2, eta, p) : TokenCoef{0.f, 0.f, 0.f};
+      sc[0 * C + i] = tc.kscale;
+      sc[1 * C + i] = tc.vscale;
+      sc[2 * C + i] = p.l2norm == 2 ? 1.0f / sqrtf(n2 + kQkL2NormEps) : 1.0f;
+      sc[3 * C + i] = p.l2norm == 2   ? 1.0f / sqrtf(qn2 + kQkL2NormEps)
+                      : p.l2norm == 1 ? (qn2 > 0.f ? 1.0f / sqrtf(qn2) : 0.f)
+                                      : 1.0f;
+      sc[4 * C + i] = ok ? readout_scale(qn2, p) : 0.f;
+      sc[5 * C + i] = tc.beta;
+      sc[6 * C + i] = ok ? token_log_decay(p, pt.sr.b, pt.tb + i, hv) : 0.f;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {  // inclusive scan of the log decays (fixed shuffle order)
+    float* Gv = sc + 6 * C;
+    const float a0 = Gv[2 * lane], a1 = Gv[2 * lane + 1];
+    float s = a0 + a1;
+    for (int off = 1; off < 32; off <<= 1) {
+      const float o = __shfl_up_sync(0xffffffffu, s, off);
+      if (lane >= off) s += o;
+    }
+    const float excl = s - (a0 + a1);
+    __syncwarp();
+    Gv[2 * lane] = excl + a0;
+    Gv[2 * lane + 1] = excl + a0 + a1;
+  }
+  __syncthreads();
+  const float* G = sc + 6 * C;
+  const float* beta = sc + 5 * C;
+  for (int idx = tid; idx < C * K; idx += kBwdThreads) {
+    const int i = idx / K, r = idx % K;
+    Ks[i * PK + r] *= sc[0 * C + i];
+    Qs[i * PK + r] *= sc[4 * C + i];
+  }
+  for (int idx = tid; idx < C * V; idx += kBwdThreads) {
+    const int i = idx / V, r = idx % V;
+    Vs[i * PV + r] *= sc[1 * C + i];
+  }
+  if (tid < C) {
+    const int i = tid;
+    float* rs = rec + BwdRecord(K, V).sc;
+    rs[kScKscale * C + i] = sc[0 * C + i];
+    rs[kScVscale * C + i] = sc[1 * C + i];
+    rs[kScKnorm * C + i] = sc[2 * C + i];
+    rs[kScQnorm * C + i] = sc[3 * C + i];
+    rs[kScQscale * C + i] = sc[4 * C + i];
+    rs[kScBeta * C + i] = beta[i];
+    rs[kScG * C + i] = G[i];
+    rs[kScChunk * C + i] = i == 0 ? expf(G[C - 1]) : 0.f;
+  }
+  __syncthreads();
+  const BwdRecord R(K, V);
+  bwd_copy(rec + R.kh, K, Ks, PK, C, K);
+  bwd_copy(rec + R.qh, K, Qs, PK, C, K);
+  bwd_copy(rec + R.vh, V, Vs, PV, C, V);
+  block_gemm<false, true, false>(C, C, K, Ks, PK, Ks, PK, Ls, PC, 1.f);
+  block_gemm<false, true, false>(C, C, K, Qs, PK, Ks, PK, Xs, PC, 1.f);
+  __syncthreads();
+  for (int idx = tid; idx < C * C; idx += kBwdThreads) {
+    const int i = idx / C, j = idx % C;
+    const float gam = j <= i ? expf(G[i] - G[j]) : 0.f;
+    rec[R.m + idx] = j <= i ? Xs[i * PC + j] * gam : 0.f;
+    Ls[i * PC + j] = j < i ? beta[i] * gam * Ls[i * PC + j] : 0.f;
+  }
+  __syncthreads();
+  // A^-1 column by column (thread c: A x = e_c, rows in order; x_j = 0 for j < c).
+  if (tid < C) {
+    const int c = tid;
+    for (int i = 0; i < C; ++i) {
+      float x = i == c ? 1.f : 0.f;
+      for (int j = 0; j < i; ++j) x = fmaf(-Ls[i * PC + j], Xs[j * PC + c], x);
+      Xs[i * PC + c] = x;
+    }
+  }
+  for (int idx = tid; idx < C * K; idx += kBwdThreads) {
+    const int i = idx / K, r = idx % K;
+    Ks[i * PK + r] *= beta[i] * expf(G[i]);
+  }
+  for (int idx = tid; idx < C * V; idx += kBwdThreads) {
+    const int i = idx / V, r = idx % V;
+    Vs[i * PV + r] *= beta[i];
+  }
+  __syncthreads();
+  bwd_copy(rec + R.ainv, C, Xs, PC, C, C);
+  block_gemm<false, false, false>(C, K, C, Xs, PC, Ks, PK, rec + R.w, K, 1.f);
+  block_gemm<false, false, false>(C, V, C, Xs, PC, Vs, PV, rec + R.u, V, 1.f);
+}
+
+}  // namespace kla::kernels

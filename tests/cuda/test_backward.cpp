@@ -1,0 +1,797 @@
+// GPU tests of kla_chunk_backward (kla.h, "Chunkwise backward") against the reference backward
+// (kla::ref::recurrent_backward, reference/include/kla/ref/grad.hpp) in MPFR (133 bits) on the
+// same rounded inputs, and the entry point's contracts: nothing written on an error, bitwise
+// determinism. Skipped with a message where no GPU exists.
+//
+// Inputs are fresh every run: the base seed comes from std::random_device and the clock, is
+// printed at the start of every comparison test and with every failure, and
+// KLA_BACKWARD_SEED=<seed> reruns it. Each case prints one line per gradient (case, dtype,
+// gradient, relative RMS, bound); at exit the worst relative RMS per dtype and gradient is printed
+// as a markdown table (for docs/accuracy.md) and, with KLA_BACKWARD_OUT=path, written there.
+//
+// The oracle, per (sequence n, value head hv): kla::ref::HeadInputs<Mpfr> from the very values the
+// kernel reads: q, k, v rounded to the dtype (held as float, exact), eta (or eta_value for every
+// token), alpha = exp(g) taken in MPFR as kla::ref::forward does, S_0 (initial_state or zero);
+// Options as harness.hpp's run_reference maps kla_params (eps, scale, coefficient, read-out; the
+// qk l2-norm read-out is the reference's own change of inputs, eps_n = 1e-6). Upstream: dO = d_o
+// rounded to the dtype, dS_T = d_final_state (or zero). The reference's dq and dk of the value
+// heads of one key head are summed in MPFR, as the kernel sums its own, and its dalpha becomes
+// dg = alpha dalpha (kla::ref::log_decay_gradient).
+//
+// Metric: relative RMS ||got - ref||_2 / ||ref||_2 over a whole gradient tensor (head-row padding
+// excluded, and checked to be left untouched). Where ||ref|| = 0 the gradient must be exactly 0.
+//
+// Bounds, from the arithmetic. The kernels read their inputs exactly (bf16 / fp16 values are exact
+// in fp32) and compute in fp32 throughout (u32 = 2^-24) on CUDA cores: FMA, inner sums in index
+// order, no TF32 (bwd/block_gemm.cuh). dq, dk and dv are then rounded once to the dtype (u_d =
+// 2^-8 bf16, 2^-11 fp16, 2^-24 fp32); dg, deta and d_initial_state are stored in fp32. Per
+// gradient
+//
+//   rel-RMS <= u_out + sqrt(n_h) (c_family + c_G G_max)
+//
+// * u_out, the final rounding: u_d for dq, dk, dv; u32 for dg, deta, dh0. A rounding to nearest
+//   errs by at most u relatively (by about u / sqrt(3) in RMS: 0.43 u measured on these cases);
+//   u is taken whole. For bf16 / fp16 this term dominates: the arithmetic terms below add about 1%
+//   to it, up to 10% for fp16 under strong decay.
+// * sqrt(n_h), n_h = ceil(T_max / 64) chunks of the longest sequence: every chunk hands the
+//   recomputed state forward and the state gradient backward to the next one through a few fp32
+//   products; their errors are independent and add in RMS over the hand-offs. No credit is taken
+//   for the decay forgetting them or the projection contracting them (tolerance.hpp's model
+//   without its credits), so the bound holds for any decay.
+// * c_family, the fp32 error one chunk adds, relative to the gradient. A chunk's gradients come
+//   through about ten products whose inner sums have n <= 128 terms (RMS at most u32 sqrt(n / 3)
+//   = 6.5 u32 each, far less where the terms' errors are relative to terms smaller than the sum)
+//   and the chunk system's triangular solves, whose growth the normalised-key form bounds by eta.
+//   dg and deta are sums with cancellation (dg the reverse cumulative sum of dG over the chunk,
+//   whose terms exceed their sum; deta through the Kaczmarz chain's subtractions). Cross-check on
+//   the CPU: the reference's chunk form evaluated in float (grad_chunk.hpp, one rounding per
+//   operation) errs on these cases by at most 6 u32 in dq, dk, dv, deta and dh0 and by 5 to 18
+//   u32 in dg, over the whole sequence. The constants below are a few times that per chunk, one per
+//   family, to be tuned on the measured table.
+// * c_G G_max, the decay. G, the inclusive cumulative log decay of a chunk (a six-level fp32
+//   scan), errs by about u32 |G|, and every factor Gamma_ij = exp(G_i - G_j), e^G_i, gamma_C built
+//   from it errs relatively by as much for each endpoint: c_G = 2 u32 per unit of G_max, the
+//   largest |sum of g| over one chunk of the data (about 160 for per-token log decays down to -5,
+//   about 10 for the mild, logsigmoid-like decays, 0 without decay).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness.hpp"
+#include "kla/ref/grad.hpp"
+
+namespace kla::test {
+namespace {
+
+using Mpfr = kla::ref::Mpfr;
+template <class T>
+using Mat = kla::ref::Mat<T>;
+
+// The bounds' constants (file comment): the fp32 error per chunk of each gradient family, and per
+// unit of the largest cumulative log decay of a chunk.
+constexpr double kGrowthOutputs = kU32 * 32;  // dq, dk, dv
+constexpr double kGrowthGates = kU32 * 128;   // dg, deta
+constexpr double kGrowthState = kU32 * 32;    // d_initial_state
+constexpr double kDecayGrowth = kU32 * 2;     // c_G
+constexpr int kChunkLen = 64;                 // the backward's chunk (tokens)
+
+enum Grad : int { kDq, kDk, kDv, kDg, kDeta, kDh0, kGrads };
+constexpr const char* kGradNames[kGrads] = {"dq", "dk", "dv", "dg", "deta", "dh0"};
+constexpr kla_dtype kDtypes[] = {KLA_DTYPE_FP32, KLA_DTYPE_BF16, KLA_DTYPE_FP16};
+
+/// The base seed of this run: KLA_BACKWARD_SEED if set, else fresh from the device and the clock.
+std::uint64_t base_seed() {
+  static const std::uint64_t seed = []() -> std::uint64_t {
+    if (const char* e = std::getenv("KLA_BACKWARD_SEED")) return std::strtoull(e, nullptr, 0);
+    std::random_device rd;
+    const auto now = std::uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+    return ((std::uint64_t(rd()) << 32) ^ std::uint64_t(rd()) ^ now) & 0xFFFFFFFFFFFFull;
+  }();
+  return seed;
+}
+std::string rerun_hint() {
+  return "(rerun with KLA_BACKWARD_SEED=" + std::to_string(base_seed()) + ")";
+}
+
+/// How the log decays g are drawn: none; mild, logsigmoid of N(3, 1.5) (mostly in [-0.5, 0), the
+/// gates of a trained model); strong, uniform in [-5, 0] (harness.hpp's generator).
+enum class Decay { none, mild, strong };
+
+/// One test problem: the forward's configuration (harness.hpp) and what the backward adds.
+struct Case {
+  std::string name;
+  Config cfg;
+  Decay decay = Decay::mild;
+  bool has_d_final = true;  // d_final_state given (else zero)
+  bool want_dh0 = true;     // d_initial_state requested
+};
+
+/// Host data of a case: the forward's inputs (rounded, harness.hpp's layouts) and the upstream
+/// gradients: d_o in o's layout (os strides, rounded to the dtype, padding NaN so that reading it
+/// shows), d_final [N,HV,K,V] (empty: not given).
+struct Problem {
+  Case c;
+  Data d;
+  std::vector<float> d_o, d_final;
+  double g_max = 0;  // the largest |sum of g| over one chunk (the bounds' G_max)
+};
+
+/// Tokens [t0, t0 + len) of batch row b: sequence n of the call.
+struct SeqSpan {
+  int64_t b, t0, len;
+};
+SeqSpan seq_span(const Config& c, int n) {
+  if (c.cu_seqlens.empty()) return {n, 0, c.T};
+  return {0, c.cu_seqlens[n], c.cu_seqlens[n + 1] - c.cu_seqlens[n]};
+}
+
+/// The largest |sum of g| over one chunk of any sequence and value head, the chunks aligned to the
+/// sequences' starts as the kernels cut them.
+double chunk_log_decay_max(const Data& d) {
+  if (d.g.empty()) return 0.0;
+  const Config& c = d.cfg;
+  double m = 0;
+  for (int n = 0; n < c.N(); ++n) {
+    const SeqSpan s = seq_span(c, n);
+    for (int64_t c0 = 0; c0 < s.len; c0 += kChunkLen)
+      for (int hv = 0; hv < c.HV; ++hv) {
+        double sum = 0;
+        for (int64_t t = c0; t < std::min<int64_t>(c0 + kChunkLen, s.len); ++t)
+          sum += d.g[s.b * d.gs[0] + (s.t0 + t) * d.gs[1] + hv];
+        m = std::max(m, -sum);
+      }
+  }
+  return m;
+}
+
+Problem make_problem(const Case& k) {
+  Problem p;
+  p.c = k;
+  p.c.cfg.has_g = k.decay != Decay::none;
+  if (k.decay == Decay::strong) p.c.cfg.decay_max = 5.0;
+  p.d = make_data(p.c.cfg);
+  const Config& c = p.d.cfg;
+  std::mt19937_64 rng(c.seed ^ 0x9E3779B97F4A7C15ull);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  if (k.decay == Decay::mild)
+    for (float& g : p.d.g) g = float(-std::log1p(std::exp(-(3.0 + 1.5 * nd(rng)))));
+  for (float& e : p.d.eta) e = float(0.02 + 0.96 * ud(rng));  // strictly inside (0, 1)
+  p.d_o.assign(p.d.o_elems(), std::nanf(""));
+  for (int b = 0; b < c.B; ++b)
+    for (int t = 0; t < c.T; ++t)
+      for (int hv = 0; hv < c.HV; ++hv)
+        for (int i = 0; i < c.V; ++i)
+          p.d_o[b * p.d.os[0] + t * p.d.os[1] + hv * p.d.os[2] + i] =
+              round_to(c.dtype, float(nd(rng)));
+  if (k.has_d_final) {
+    p.d_final.resize(p.d.state_elems());
+    for (float& x : p.d_final) x = float(0.5 * nd(rng));
+  }
+  p.g_max = chunk_log_decay_max(p.d);
+  if (k.decay == Decay::mild) {  // describe() names the largest per-token decay
+    double gm = 0;
+    for (float g : p.d.g) gm = std::max(gm, -double(g));
+    p.d.cfg.decay_max = gm;
+  }
+  return p;
+}
+
+std::string describe(const Problem& p) {
+  return p.c.name + " [" + p.d.cfg.describe() + (p.c.has_d_final ? " dS_T" : "") +
+         (p.c.want_dh0 ? " dh0" : "") + (p.d.cfg.has_eta ? " eta[t]" : "") + "]";
+}
+
+/// Whether the call computes gradient `g` for this problem (dq, dk, dv always; dg and deta
+/// exactly when g and eta are given; dh0 when requested).
+bool requested(const Problem& p, Grad g) {
+  switch (g) {
+    case kDg: return p.d.cfg.has_g;
+    case kDeta: return p.d.cfg.has_eta;
+    case kDh0: return p.c.want_dh0;
+    default: return true;
+  }
+}
+
+/// Device buffers of one backward call: the forward's inputs (harness.hpp's DeviceProblem), the
+/// upstream gradients, every output (allocated whether requested or not, so that the error tests
+/// can pass them) and the workspace.
+class DeviceBackward {
+ public:
+  explicit DeviceBackward(const Problem& p) : p_(p), fw_(p.d, /*with_workspace=*/false) {
+    const Data& d = p.d;
+    const Config& c = d.cfg;
+    d_o_ = fw_.upload(p.d_o);
+    if (!p.d_final.empty()) d_final_ = fw_.upload_f(p.d_final);
+    const std::size_t es = dtype_size(c.dtype);
+    bytes_[kDq] = bytes_[kDk] = std::size_t(c.B) * d.qs[0] * es;
+    bytes_[kDv] = std::size_t(c.B) * d.vs[0] * es;
+    bytes_[kDg] = bytes_[kDeta] = c.shape().gate_elems() * sizeof(float);
+    bytes_[kDh0] = d.state_elems() * sizeof(float);
+    for (int g = 0; g < kGrads; ++g)
+      KLA_CUDA_CHECK(cudaMalloc(&out_[g], std::max<std::size_t>(bytes_[g], 16)));
+    const kla_backward_params bp = params();
+    ws_bytes_ = kla_backward_workspace_size(&bp);
+    KLA_CUDA_CHECK(cudaMalloc(&ws_, std::max<std::size_t>(ws_bytes_, 16)));
+  }
+  DeviceBackward(const DeviceBackward&) = delete;
+  DeviceBackward& operator=(const DeviceBackward&) = delete;
+  ~DeviceBackward() {
+    for (void* x : out_)
+      if (x) cudaFree(x);
+    for (void* x : {d_o_, static_cast<void*>(d_final_), ws_})
+      if (x) cudaFree(x);
+  }
+
+  /// The call for this problem: every requested output, its own strides (d_o in o's layout, dq
+  /// and dk in q's, dv in v's, dg and deta in g's).
+  kla_backward_params params() const {
+    const Data& d = p_.d;
+    kla_backward_params bp;
+    kla_backward_params_init(&bp);
+    bp.forward = fw_.params();
+    bp.forward.o = nullptr;  // the backward ignores the forward's outputs
+    bp.forward.final_state = nullptr;
+    bp.d_o = d_o_;
+    bp.d_final_state = d_final_;
+    bp.dq = out_[kDq];
+    bp.dk = out_[kDk];
+    bp.dv = out_[kDv];
+    bp.dg = requested(p_, kDg) ? static_cast<float*>(out_[kDg]) : nullptr;
+    bp.deta = requested(p_, kDeta) ? static_cast<float*>(out_[kDeta]) : nullptr;
+    bp.d_initial_state = requested(p_, kDh0) ? static_cast<float*>(out_[kDh0]) : nullptr;
+    for (int i = 0; i < 3; ++i) {
+      bp.d_o_strides[i] = d.os[i];
+      bp.dq_strides[i] = bp.dk_strides[i] = d.qs[i];
+      bp.dv_strides[i] = d.vs[i];
+    }
+    for (int i = 0; i < 2; ++i) bp.dg_strides[i] = bp.deta_strides[i] = d.gs[i];
+    bp.workspace = ws_;
+    bp.workspace_size = ws_bytes_;
+    return bp;
+  }
+
+  void* output(Grad g) const { return out_[g]; }
+
+  /// Every byte of every output set to `byte` (0xFF: NaN in every dtype).
+  void fill_outputs(unsigned char byte) {
+    for (int g = 0; g < kGrads; ++g)
+      KLA_CUDA_CHECK(cudaMemset(out_[g], byte, std::max<std::size_t>(bytes_[g], 16)));
+    KLA_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  /// The bytes of every output as they are on the device.
+  std::array<std::vector<unsigned char>, kGrads> download() const {
+    std::array<std::vector<unsigned char>, kGrads> raw;
+    for (int g = 0; g < kGrads; ++g) {
+      raw[g].resize(std::max<std::size_t>(bytes_[g], 16));
+      KLA_CUDA_CHECK(cudaMemcpy(raw[g].data(), out_[g], raw[g].size(), cudaMemcpyDeviceToHost));
+    }
+    return raw;
+  }
+
+  /// Runs `bp` on outputs poisoned with NaN and returns what it wrote; throws on a failing status.
+  std::array<std::vector<unsigned char>, kGrads> run(const kla_backward_params& bp) {
+    fill_outputs(0xFF);
+    const kla_status st = kla_chunk_backward(&bp, nullptr);
+    if (st != KLA_SUCCESS)
+      throw std::runtime_error(std::string(kla_status_string(st)) + ": " +
+                               kla_last_error_message());
+    KLA_CUDA_CHECK(cudaDeviceSynchronize());
+    return download();
+  }
+
+ private:
+  const Problem& p_;
+  DeviceProblem fw_;
+  void* d_o_ = nullptr;
+  float* d_final_ = nullptr;
+  std::array<void*, kGrads> out_{};
+  std::array<std::size_t, kGrads> bytes_{};
+  void* ws_ = nullptr;
+  std::size_t ws_bytes_ = 0;
+};
+
+/// kla::ref::Options for the call's options, as harness.hpp's run_reference maps them.
+kla::ref::Options<Mpfr> reference_options(const Config& c) {
+  kla::ref::Options<Mpfr> opt;
+  opt.eps = Mpfr(c.eps);
+  opt.scale = Mpfr(c.resolved_scale());
+  opt.coefficient = c.coefficient == KLA_COEFF_GIVEN ? kla::ref::Coefficient::given
+                                                     : kla::ref::Coefficient::kaczmarz;
+  opt.readout = ref_readout(c.readout);
+  return opt;
+}
+
+/// The reference's gradients of one (sequence, value head): recurrent_backward in MPFR, plus
+/// dg = alpha dalpha where the call has log decays.
+struct HeadReference {
+  kla::ref::HeadGradients<Mpfr> grads;
+  Mat<Mpfr> dg;  // [len, 1], empty without g
+};
+
+HeadReference reference_head(const Problem& p, int n, int hv) {
+  using kla::ref::scalar_cast;
+  const Data& d = p.d;
+  const Config& c = d.cfg;
+  const int h = hv / (c.HV / c.H);
+  const SeqSpan s = seq_span(c, n);
+  const Eigen::Index L = s.len;
+  kla::ref::HeadInputs<Mpfr> in;
+  in.q.resize(L, c.K);
+  in.k.resize(L, c.K);
+  in.v.resize(L, c.V);
+  in.eta.resize(L);
+  if (c.has_g) in.alpha.resize(L, 1);
+  kla::ref::HeadOutputs<Mpfr> up;  // dO and dS_T (empty: zero)
+  up.o.resize(L, c.V);
+  for (Eigen::Index t = 0; t < L; ++t) {
+    const int64_t tt = s.t0 + t;
+    const int64_t qk = s.b * d.qs[0] + tt * d.qs[1] + h * d.qs[2];
+    const int64_t vv = s.b * d.vs[0] + tt * d.vs[1] + hv * d.vs[2];
+    const int64_t oo = s.b * d.os[0] + tt * d.os[1] + hv * d.os[2];
+    const int64_t gg = s.b * d.gs[0] + tt * d.gs[1] + hv;
+    for (int i = 0; i < c.K; ++i) {
+      in.q(t, i) = scalar_cast<Mpfr>(d.q[qk + i]);
+      in.k(t, i) = scalar_cast<Mpfr>(d.k[qk + i]);
+    }
+    for (int i = 0; i < c.V; ++i) {
+      in.v(t, i) = scalar_cast<Mpfr>(d.v[vv + i]);
+      up.o(t, i) = scalar_cast<Mpfr>(p.d_o[oo + i]);
+    }
+    in.eta(t) = scalar_cast<Mpfr>(d.eta.empty() ? c.eta_value : d.eta[gg]);
+    if (c.has_g) in.alpha(t, 0) = kla::ref::exp_of(scalar_cast<Mpfr>(d.g[gg]));
+  }
+  const int64_t KV = int64_t(c.K) * c.V, head = (int64_t(n) * c.HV + hv) * KV;
+  auto state = [&](const std::vector<float>& x) {
+    Mat<Mpfr> S(c.K, c.V);
+    for (int r = 0; r < c.K; ++r)
+      for (int j = 0; j < c.V; ++j) S(r, j) = scalar_cast<Mpfr>(x[head + int64_t(r) * c.V + j]);
+    return S;
+  };
+  const Mat<Mpfr> S0 = d.s0.empty() ? Mat<Mpfr>() : state(d.s0);
+  if (!p.d_final.empty()) up.state = state(p.d_final);
+  HeadReference r;
+  r.grads = kla::ref::recurrent_backward(in, reference_options(c), S0, up);
+  if (c.has_g) r.dg = kla::ref::log_decay_gradient(in, r.grads);
+  return r;
+}
+
+/// Every gradient of a problem in its logical layout (dq, dk [B,T,H,K]; dv [B,T,HV,V]; dg, deta
+/// [B,T,HV]; dh0 [N,HV,K,V]; contiguous), as double.
+using Gradients = std::array<std::vector<double>, kGrads>;
+
+std::array<std::size_t, kGrads> logical_sizes(const Config& c) {
+  const std::size_t qk = std::size_t(c.B) * c.T * c.H * c.K;
+  const std::size_t gate = std::size_t(c.B) * c.T * c.HV;
+  return {qk,   qk,   std::size_t(c.B) * c.T * c.HV * c.V,
+          gate, gate, std::size_t(c.N()) * c.HV * c.K * c.V};
+}
+
+/// The reference's gradients of a problem from its heads (heads[n * HV + hv]); dq and dk summed
+/// over each key head's value heads in MPFR, then rounded once to double.
+Gradients assemble_reference(const Problem& p, const std::vector<HeadReference>& heads) {
+  const Config& c = p.d.cfg;
+  const int group = c.HV / c.H;
+  const auto sizes = logical_sizes(c);
+  Gradients out;
+  std::vector<Mpfr> dq(sizes[kDq], Mpfr(0)), dk(sizes[kDk], Mpfr(0));
+  for (int g = 0; g < kGrads; ++g) out[g].assign(sizes[g], 0.0);
+  for (int n = 0; n < c.N(); ++n) {
+    const SeqSpan s = seq_span(c, n);
+    for (int hv = 0; hv < c.HV; ++hv) {
+      const HeadReference& r = heads[std::size_t(n) * c.HV + hv];
+      const int h = hv / group;
+      for (int64_t t = 0; t < s.len; ++t) {
+        const int64_t row = s.b * c.T + s.t0 + t;  // (b, t) in the logical layouts
+        for (int i = 0; i < c.K; ++i) {
+          dq[(row * c.H + h) * c.K + i] += r.grads.q(t, i);
+          dk[(row * c.H + h) * c.K + i] += r.grads.k(t, i);
+        }
+        for (int i = 0; i < c.V; ++i)
+          out[kDv][(row * c.HV + hv) * c.V + i] = kla::ref::to_double(r.grads.v(t, i));
+        out[kDeta][row * c.HV + hv] = kla::ref::to_double(r.grads.eta(t));
+        if (c.has_g) out[kDg][row * c.HV + hv] = kla::ref::to_double(r.dg(t, 0));
+      }
+      const int64_t head = (int64_t(n) * c.HV + hv) * c.K * c.V;
+      for (int i = 0; i < c.K; ++i)
+        for (int j = 0; j < c.V; ++j)
+          out[kDh0][head + int64_t(i) * c.V + j] = kla::ref::to_double(r.grads.state(i, j));
+    }
+  }
+  for (std::size_t i = 0; i < dq.size(); ++i) {
+    out[kDq][i] = kla::ref::to_double(dq[i]);
+    out[kDk][i] = kla::ref::to_double(dk[i]);
+  }
+  return out;
+}
+
+/// The kernel's outputs (raw device bytes) in the logical layout of assemble_reference. Sets
+/// `padding_ok` to false where a head row's padding (q's and v's strides) no longer holds the NaN
+/// poison.
+Gradients gather_outputs(const Problem& p,
+                         const std::array<std::vector<unsigned char>, kGrads>& raw,
+                         bool& padding_ok) {
+  const Data& d = p.d;
+  const Config& c = d.cfg;
+  const auto sizes = logical_sizes(c);
+  Gradients out;
+  padding_ok = true;
+  auto floats = [&](Grad g) {
+    const bool stored_in_dtype = g == kDq || g == kDk || g == kDv;
+    const std::size_t n = raw[g].size() / (stored_in_dtype ? dtype_size(c.dtype) : sizeof(float));
+    return decode(stored_in_dtype ? c.dtype : KLA_DTYPE_FP32, raw[g].data(), n);
+  };
+  for (Grad g : {kDq, kDk, kDv}) {
+    const std::vector<float> x = floats(g);
+    const int64_t* st = g == kDv ? d.vs : d.qs;
+    const int heads = g == kDv ? c.HV : c.H, width = g == kDv ? c.V : c.K;
+    out[g].resize(sizes[g]);
+    for (int b = 0; b < c.B; ++b)
+      for (int t = 0; t < c.T; ++t)
+        for (int hh = 0; hh < heads; ++hh) {
+          const int64_t base = b * st[0] + t * st[1] + hh * st[2];
+          for (int i = 0; i < width; ++i)
+            out[g][((int64_t(b) * c.T + t) * heads + hh) * width + i] = x[base + i];
+          for (int64_t i = width; i < st[2]; ++i)
+            padding_ok = padding_ok && std::isnan(x[base + i]);
+        }
+  }
+  for (Grad g : {kDg, kDeta}) {
+    if (!requested(p, g)) continue;
+    const std::vector<float> x = floats(g);
+    out[g].resize(sizes[g]);
+    for (int b = 0; b < c.B; ++b)
+      for (int t = 0; t < c.T; ++t)
+        for (int hv = 0; hv < c.HV; ++hv)
+          out[g][(int64_t(b) * c.T + t) * c.HV + hv] = x[b * d.gs[0] + t * d.gs[1] + hv];
+  }
+  if (requested(p, kDh0)) {
+    const std::vector<float> x = floats(kDh0);
+    out[kDh0].assign(x.begin(), x.begin() + std::ptrdiff_t(sizes[kDh0]));
+  }
+  return out;
+}
+
+/// The bound of gradient `g` of problem `p` (file comment).
+double bound_for(const Problem& p, Grad g) {
+  const Config& c = p.d.cfg;
+  const bool in_dtype = g == kDq || g == kDk || g == kDv;
+  const double u_out = in_dtype ? unit_roundoff(c.dtype) : kU32;
+  const double family = in_dtype ? kGrowthOutputs : g == kDh0 ? kGrowthState : kGrowthGates;
+  const int n_h = std::max(1, (c.longest() + kChunkLen - 1) / kChunkLen);
+  return u_out + std::sqrt(double(n_h)) * (family + kDecayGrowth * p.g_max);
+}
+
+/// The largest finite value of a dtype: a reference beyond it cannot be stored.
+double largest_finite(kla_dtype d) {
+  return d == KLA_DTYPE_FP16 ? 65504.0 : double(std::numeric_limits<float>::max());  // bf16 ~ fp32
+}
+
+/// ||got - ref|| / ||ref|| (+inf where got has a non-finite element). ref_zero: ||ref|| = 0, and
+/// then the result is 0 exactly when got is exactly zero, +inf otherwise.
+double relative_rms(const std::vector<double>& got, const std::vector<double>& ref,
+                    bool& ref_zero) {
+  double num = 0, den = 0;
+  bool finite = true;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    finite = finite && std::isfinite(got[i]);
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  ref_zero = den == 0;
+  if (!finite) return INFINITY;
+  if (ref_zero) return num == 0 ? 0.0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+/// The worst relative RMS per (dtype, gradient) over every comparison of the binary, printed at
+/// exit as a markdown table (and written to KLA_BACKWARD_OUT).
+struct WorstLedger {
+  struct Row {
+    long cases = 0;
+    double rel = -1, bound = 0, ratio = 0;
+    std::string rel_case, ratio_case;
+  };
+  std::mutex m;
+  std::map<std::pair<int, int>, Row> rows;  // (dtype, gradient)
+  void add(kla_dtype dt, Grad g, double rel, double bound, const std::string& what) {
+    std::lock_guard<std::mutex> lk(m);
+    Row& r = rows[{int(dt), int(g)}];
+    ++r.cases;
+    if (rel > r.rel) r.rel = rel, r.bound = bound, r.rel_case = what;
+    if (rel / bound > r.ratio) r.ratio = rel / bound, r.ratio_case = what;
+  }
+};
+WorstLedger& worst_ledger() {
+  static WorstLedger l;
+  return l;
+}
+
+class WorstLedgerReport : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    WorstLedger& l = worst_ledger();
+    if (l.rows.empty()) return;
+    std::ostringstream t;
+    t << "| dtype | gradient | cases | worst rel-RMS | its bound | case | worst rel-RMS / bound | "
+         "case |\n|---|---|---|---|---|---|---|---|\n";
+    for (kla_dtype dt : kDtypes)
+      for (int g = 0; g < kGrads; ++g) {
+        const auto it = l.rows.find({int(dt), g});
+        if (it == l.rows.end()) continue;
+        const WorstLedger::Row& r = it->second;
+        char line[512];
+        std::snprintf(line, sizeof line, "| %s | %s | %ld | %.3e | %.3e | %s | %.3f | %s |\n",
+                      dtype_name(dt), kGradNames[g], r.cases, r.rel, r.bound, r.rel_case.c_str(),
+                      r.ratio, r.ratio_case.c_str());
+        t << line;
+      }
+    std::printf("kla backward: worst relative RMS against MPFR (seed %llu)\n%s",
+                static_cast<unsigned long long>(base_seed()), t.str().c_str());
+    if (const char* path = std::getenv("KLA_BACKWARD_OUT")) {
+      std::ofstream f(path);
+      f << t.str();
+    }
+  }
+};
+[[maybe_unused]] const bool kWorstLedgerRegistered =
+    (::testing::AddGlobalTestEnvironment(new WorstLedgerReport), true);
+
+/// The cases of one dtype (file comment of the test below).
+std::vector<Case> cases_for(kla_dtype dt) {
+  std::vector<Case> cs;
+  const std::uint64_t seed = base_seed() + 1000 * std::uint64_t(dt);
+  auto add = [&](Case k) {
+    k.cfg.dtype = dt;
+    // Kaczmarz dk grows as 1 / |k|^2: at key norms of 1e-2 it passes fp16's largest value (65504),
+    // so fp16 keeps its key norms above 0.1 (bf16 and fp32 keep the harness's [1e-2, 1e1]).
+    if (dt == KLA_DTYPE_FP16) k.cfg.knorm_lo = std::max(k.cfg.knorm_lo, 0.1);
+    k.cfg.seed = seed + cs.size();
+    cs.push_back(std::move(k));
+  };
+  {  // dense, grouped (1 -> 2), mild decay, eta per token, initial state and dS_T
+    Case k{"dense_k64_mild_s0", {}, Decay::mild, true, true};
+    Config& c = k.cfg;
+    c.B = 2, c.T = 200, c.H = 1, c.HV = 2, c.K = 64, c.V = 64;
+    c.eps = 1e-6f;
+    add(k);
+  }
+  {  // one value head per key head, K = V = 128, no decay, eta_value, q l2-norm, eps 0, nothing
+     // else
+    Case k{"dense_k128_nodecay_qnorm", {}, Decay::none, false, false};
+    Config& c = k.cfg;
+    c.B = 2, c.T = 100, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
+    c.has_eta = false, c.eta_value = 0.7f;
+    c.readout = KLA_READOUT_Q_L2NORM;
+    c.has_init = false;
+    add(k);
+  }
+  {  // varlen with a length-1 and a length-0 sequence, groups of 3, strong decay, given beta with
+     // FLA's qk l2-norm, padded head rows, K = 64 and V = 128
+    Case k{"varlen_k64v128_strong_given_qk", {}, Decay::strong, true, true};
+    Config& c = k.cfg;
+    c.B = 1, c.T = 300, c.H = 2, c.HV = 6, c.K = 64, c.V = 128;
+    c.cu_seqlens = {0, 1, 1, 130, 300};
+    c.coefficient = KLA_COEFF_GIVEN;
+    c.readout = KLA_READOUT_QK_L2NORM;
+    c.scale = 0.3f;
+    c.eps = 1e-6f;
+    c.pad_qk = 16, c.pad_v = 8, c.pad_o = 8;
+    add(k);
+  }
+  {  // given beta with the scale read-out (key norms in [0.5, 1]: the recurrence stays stable),
+     // eta_value, five chunks, zero initial state whose gradient is still asked for
+    Case k{"dense_k64_given_scale_T300", {}, Decay::mild, false, true};
+    Config& c = k.cfg;
+    c.B = 2, c.T = 300, c.H = 1, c.HV = 2, c.K = 64, c.V = 64;
+    c.coefficient = KLA_COEFF_GIVEN;
+    c.knorm_lo = 0.5, c.knorm_hi = 1.0;
+    c.has_eta = false, c.eta_value = 0.5f;
+    c.has_init = false;
+    add(k);
+  }
+  {  // Kaczmarz with the qk l2-norm at K = V = 128, eps 0, initial state and dS_T
+    Case k{"dense_k128_kaczmarz_qk", {}, Decay::mild, true, true};
+    Config& c = k.cfg;
+    c.B = 2, c.T = 130, c.H = 1, c.HV = 2, c.K = 128, c.V = 128;
+    c.readout = KLA_READOUT_QK_L2NORM;
+    add(k);
+  }
+  {  // varlen with groups of 3, q l2-norm, dS_T without an initial state
+    Case k{"varlen_k64_grouped3_qnorm", {}, Decay::mild, true, true};
+    Config& c = k.cfg;
+    c.B = 1, c.T = 250, c.H = 2, c.HV = 6, c.K = 64, c.V = 64;
+    c.cu_seqlens = {0, 150, 150, 151, 250};
+    c.readout = KLA_READOUT_Q_L2NORM;
+    c.eps = 1e-6f;
+    c.has_init = false;
+    add(k);
+  }
+  return cs;
+}
+
+/// Runs every case of a dtype on the device, then the reference of all their heads at once (on
+/// every CPU core, the longest heads first), and compares.
+void expect_cases_match_reference(kla_dtype dt) {
+  std::printf("kla backward %s: base seed %llu\n", dtype_name(dt),
+              static_cast<unsigned long long>(base_seed()));
+  std::vector<Problem> problems;
+  for (const Case& k : cases_for(dt)) problems.push_back(make_problem(k));
+  std::vector<Gradients> got(problems.size());
+  std::vector<bool> padding_ok(problems.size());
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    DeviceBackward dev(problems[i]);
+    bool ok = true;
+    got[i] = gather_outputs(problems[i], dev.run(dev.params()), ok);
+    padding_ok[i] = ok;
+  }
+
+  struct Task {
+    std::size_t problem;
+    int n, hv;
+    double cost;
+  };
+  std::vector<Task> tasks;
+  std::vector<std::vector<HeadReference>> heads(problems.size());
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const Config& c = problems[i].d.cfg;
+    heads[i].resize(std::size_t(c.N()) * c.HV);
+    for (int n = 0; n < c.N(); ++n)
+      for (int hv = 0; hv < c.HV; ++hv)
+        tasks.push_back({i, n, hv, double(seq_span(c, n).len + 1) * c.K * c.V});
+  }
+  std::sort(tasks.begin(), tasks.end(),
+            [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  parallel_for(int(tasks.size()), [&](int i) {
+    const Task& t = tasks[std::size_t(i)];
+    const Problem& p = problems[t.problem];
+    heads[t.problem][std::size_t(t.n) * p.d.cfg.HV + t.hv] = reference_head(p, t.n, t.hv);
+  });
+
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const Problem& p = problems[i];
+    const Gradients ref = assemble_reference(p, heads[i]);
+    const std::string what = describe(p);
+    EXPECT_TRUE(padding_ok[i]) << what << ": wrote into the padding of dq, dk or dv "
+                               << rerun_hint();
+    for (int g = 0; g < kGrads; ++g) {
+      if (!requested(p, Grad(g))) continue;
+      const bool in_dtype = g == kDq || g == kDk || g == kDv;
+      double largest = 0;
+      for (double x : ref[g]) largest = std::max(largest, std::abs(x));
+      if (in_dtype && largest >= largest_finite(dt)) {  // the case's fault, not the kernel's
+        ADD_FAILURE() << kGradNames[g] << " of " << what << " reaches " << largest
+                      << ", beyond the largest finite " << dtype_name(dt)
+                      << ": the case's inputs need a smaller range " << rerun_hint();
+        continue;
+      }
+      bool ref_zero = false;
+      const double rel = relative_rms(got[i][g], ref[g], ref_zero);
+      const double bound = bound_for(p, Grad(g));
+      const bool ok = rel <= bound;
+      std::printf("  %-32s %-4s %-4s rel-RMS %.3e  bound %.3e%s%s\n", p.c.name.c_str(),
+                  dtype_name(dt), kGradNames[g], rel, bound, ref_zero ? "  (ref 0: exact 0)" : "",
+                  ok ? "" : "  FAIL");
+      EXPECT_LE(rel, bound) << kGradNames[g] << " of " << what
+                            << (ref_zero ? ": the reference is 0, the kernel's is not" : "") << " "
+                            << rerun_hint();
+      if (!ref_zero) worst_ledger().add(dt, Grad(g), rel, bound, p.c.name);
+    }
+  }
+}
+
+TEST(CudaBackward, Fp32AgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  expect_cases_match_reference(KLA_DTYPE_FP32);
+}
+
+TEST(CudaBackward, Bf16AgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  expect_cases_match_reference(KLA_DTYPE_BF16);
+}
+
+TEST(CudaBackward, Fp16AgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  expect_cases_match_reference(KLA_DTYPE_FP16);
+}
+
+/// A small problem for the contract tests: varlen, grouped, every input and every output.
+Case contract_case(kla_dtype dt, std::uint64_t salt) {
+  Case k{"contract", {}, Decay::mild, true, true};
+  Config& c = k.cfg;
+  c.dtype = dt;
+  c.B = 1, c.T = 150, c.H = 1, c.HV = 2, c.K = 64, c.V = 64;
+  c.cu_seqlens = {0, 70, 70, 150};
+  c.eps = 1e-6f;
+  c.seed = base_seed() + 7000 + salt;
+  return k;
+}
+
+/// Every byte of every output still `byte`: the call wrote nothing.
+bool all_bytes(const std::array<std::vector<unsigned char>, kGrads>& raw, unsigned char byte) {
+  for (const auto& r : raw)
+    for (unsigned char x : r)
+      if (x != byte) return false;
+  return true;
+}
+
+/// A refused call: the status, the message naming `needle`, and no output touched (every output
+/// pre-filled with a sentinel).
+void expect_refused(DeviceBackward& dev, const kla_backward_params& bp, kla_status want,
+                    const char* needle, const std::string& what) {
+  constexpr unsigned char kSentinel = 0x5A;
+  dev.fill_outputs(kSentinel);
+  EXPECT_EQ(kla_chunk_backward(&bp, nullptr), want) << what << ": " << kla_last_error_message();
+  EXPECT_NE(std::strstr(kla_last_error_message(), needle), nullptr)
+      << what << ": " << kla_last_error_message();
+  KLA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(all_bytes(dev.download(), kSentinel)) << what << ": an output was written";
+}
+
+TEST(CudaBackward, NullDqRefusedWritesNothing) {
+  KLA_REQUIRE_GPU();
+  for (kla_dtype dt : kDtypes) {
+    const Problem p = make_problem(contract_case(dt, 1));
+    DeviceBackward dev(p);
+    kla_backward_params bp = dev.params();
+    bp.dq = nullptr;
+    expect_refused(dev, bp, KLA_ERROR_NULL_POINTER, "dq",
+                   std::string("NULL dq, ") + dtype_name(dt));
+  }
+}
+
+TEST(CudaBackward, HeadDim256Unsupported) {
+  KLA_REQUIRE_GPU();
+  Case k = contract_case(KLA_DTYPE_BF16, 2);
+  k.cfg.K = 256;  // the forward takes it; the backward's kernels stop at 128
+  const Problem p = make_problem(k);
+  DeviceBackward dev(p);
+  expect_refused(dev, dev.params(), KLA_ERROR_UNSUPPORTED_HEAD_DIM, "head dim", "K = 256");
+}
+
+TEST(CudaBackward, DgWithoutDecayIsInvalid) {
+  KLA_REQUIRE_GPU();
+  Case k = contract_case(KLA_DTYPE_FP32, 3);
+  k.decay = Decay::none;
+  const Problem p = make_problem(k);
+  DeviceBackward dev(p);
+  kla_backward_params bp = dev.params();
+  ASSERT_EQ(bp.forward.g, nullptr);
+  bp.dg = static_cast<float*>(dev.output(kDg));
+  expect_refused(dev, bp, KLA_ERROR_INVALID_VALUE, "dg", "dg without forward.g");
+}
+
+TEST(CudaBackward, BitwiseDeterministic) {
+  KLA_REQUIRE_GPU();
+  for (kla_dtype dt : kDtypes) {
+    Case k = contract_case(dt, 4);
+    k.cfg.H = 2, k.cfg.HV = 6;  // the group sums too
+    const Problem p = make_problem(k);
+    DeviceBackward dev(p);
+    const kla_backward_params bp = dev.params();
+    const auto a = dev.run(bp), b = dev.run(bp);
+    for (int g = 0; g < kGrads; ++g)
+      EXPECT_TRUE(a[g] == b[g]) << kGradNames[g] << " differs between two identical calls, "
+                                << dtype_name(dt) << " " << rerun_hint();
+  }
+}
+
+}  // namespace
+}  // namespace kla::test
