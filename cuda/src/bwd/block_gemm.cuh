@@ -1,52 +1,95 @@
-// The backward's products: C = alpha op(A) op(B) (+ C) by a whole block on CUDA cores, fp32
-// operands and accumulation, each thread owning 4 x 4 outputs at a time and summing over the
-// inner dimension in index order (the same inputs give bitwise the same result: no atomics, no
-// split of the inner sum). Operands are addressed by pointer and row pitch, so A and B live in
-// shared memory and C in shared or global memory.
+// The backward's products: C = alpha op(A) op(B) (+ C) by a whole block on the tensor cores
+// (mma.sync m16n8k8 TF32, arch/mma_tf32.cuh), both operands split hi + lo (three products a step,
+// fp32 accumulation in three chains summed (d0 + d1) + d2). The split is the cheap one: hi is the
+// fp32 value itself, of which the tensor core reads the TF32 bits (it ignores the low 13), and
+// lo = x - trunc_tf32(x) is exact in fp32 and read the same way, so each operand keeps about 21
+// significant bits (relative error below 2^-21 a product: fp32 grade, as the forward's TF32 path,
+// at two instructions an element instead of the rounded split's nine). Each warp owns 16 x 32
+// output tiles (16 x 8 where N is not a multiple of 32) and sums over the inner dimension in index
+// order, so the same inputs give bitwise the same result (no atomics, no split of the inner sum).
+// Operands are addressed by pointer and row pitch: A and B live in shared memory, C in shared or
+// global memory.
 //   op(A)(i, k) = TA ? A[k * lda + i] : A[i * lda + k]      [M x KD]
 //   op(B)(k, j) = TB ? B[j * ldb + k] : B[k * ldb + j]      [KD x N]
-// M and N are multiples of 4. No barrier inside: the caller orders the block's accesses.
+// M is a multiple of 16, N of 8, KD of 8; pitches == 4 mod 32 keep the fragment loads
+// conflict-free (bwd_pitch). No barrier inside: the caller orders the block's accesses.
 #pragma once
 
+#include "arch/mma_tf32.cuh"
+
 namespace kla::kernels {
+
+/// The cheap split of x (see above): hi = x (its TF32 bits are what the tensor core reads), lo = x
+/// minus those bits.
+__device__ __forceinline__ void split_tf32_trunc(float x, uint32_t& h, uint32_t& l) {
+  h = __float_as_uint(x);
+  l = __float_as_uint(x - __uint_as_float(h & 0xffffe000u));
+}
+
+/// Fragments in the permuted k order of arch/mma_tf32.cuh (slots k = t, t + 4 hold columns 2t,
+/// 2t + 1), split cheaply. A(r, k) = TA ? s[k P + r] : s[r P + k]; B(k, n) = TB ? s[n P + k] :
+/// s[k P + n].
+template <bool TA>
+__device__ __forceinline__ FragA bwd_frag_a(const float* s, int P, int r0, int k0, int g, int t) {
+  float x[4];
+  if (TA) {
+    x[0] = s[(k0 + 2 * t) * P + r0 + g], x[1] = s[(k0 + 2 * t) * P + r0 + g + 8];
+    x[2] = s[(k0 + 2 * t + 1) * P + r0 + g], x[3] = s[(k0 + 2 * t + 1) * P + r0 + g + 8];
+  } else {
+    const float2 a = *reinterpret_cast<const float2*>(s + (r0 + g) * P + k0 + 2 * t);
+    const float2 b = *reinterpret_cast<const float2*>(s + (r0 + g + 8) * P + k0 + 2 * t);
+    x[0] = a.x, x[2] = a.y, x[1] = b.x, x[3] = b.y;
+  }
+  FragA f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) split_tf32_trunc(x[e], f.h[e], f.l[e]);
+  return f;
+}
+template <bool TB>
+__device__ __forceinline__ FragB bwd_frag_b(const float* s, int P, int k0, int n0, int g, int t) {
+  float x[2];
+  if (TB) {
+    const float2 a = *reinterpret_cast<const float2*>(s + (n0 + g) * P + k0 + 2 * t);
+    x[0] = a.x, x[1] = a.y;
+  } else {
+    x[0] = s[(k0 + 2 * t) * P + n0 + g], x[1] = s[(k0 + 2 * t + 1) * P + n0 + g];
+  }
+  FragB f;
+  split_tf32_trunc(x[0], f.h[0], f.l[0]);
+  split_tf32_trunc(x[1], f.h[1], f.l[1]);
+  return f;
+}
 
 template <bool TA, bool TB, bool kAccumulate>
 __device__ __forceinline__ void block_gemm(int M, int N, int KD, const float* __restrict__ A,
                                            int lda, const float* __restrict__ B, int ldb, float* C,
                                            int ldc, float alpha) {
-  const int tn = N / 4, tiles = (M / 4) * tn;
-  for (int t = threadIdx.x; t < tiles; t += blockDim.x) {
-    const int i0 = (t / tn) * 4, j0 = (t % tn) * 4;
-    float acc[4][4] = {};
-#pragma unroll 4
-    for (int k = 0; k < KD; ++k) {
-      float a[4], b[4];
-      if (TA) {
-        const float4 x = *reinterpret_cast<const float4*>(A + k * lda + i0);
-        a[0] = x.x, a[1] = x.y, a[2] = x.z, a[3] = x.w;
-      } else {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int NT = N % 32 == 0 ? 4 : 1;  // 8-column tiles per unit
+  const int un = N / (8 * NT), units = (M / 16) * un;
+  for (int u = warp; u < units; u += nwarps) {
+    const int i0 = (u / un) * 16, n0 = (u % un) * 8 * NT;
+    float d[4][3][4] = {};  // [n tile][chain][element]
+    for (int k = 0; k < KD; k += 8) {
+      const FragA a =
+          TA ? load_a_t_perm<true>(A, lda, i0, k, g, t) : load_a_perm<true>(A, lda, i0, k, g, t);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) a[r] = A[(i0 + r) * lda + k];
-      }
-      if (TB) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) b[c] = B[(j0 + c) * ldb + k];
-      } else {
-        const float4 y = *reinterpret_cast<const float4*>(B + k * ldb + j0);
-        b[0] = y.x, b[1] = y.y, b[2] = y.z, b[3] = y.w;
-      }
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(a[r], b[c], acc[r][c]);
+      for (int j = 0; j < 4; ++j)
+        if (j < NT) {
+          const FragB b = bwd_frag_b<TB>(B, ldb, k, n0 + 8 * j, g, t);
+          mma3<true, true>(d[j][0], d[j][1], d[j][2], a, b);
+        }
     }
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < 4; ++j)
+      if (j < NT)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float* dst = C + int64_t(i0 + r) * ldc + j0 + c;
-        *dst = kAccumulate ? fmaf(alpha, acc[r][c], *dst) : alpha * acc[r][c];
-      }
+        for (int e = 0; e < 4; ++e) {
+          const float x = (d[j][0][e] + d[j][1][e]) + d[j][2][e];
+          float* dst = C + int64_t(i0 + g + (e >> 1) * 8) * ldc + n0 + 8 * j + 2 * t + (e & 1);
+          *dst = kAccumulate ? fmaf(alpha, x, *dst) : alpha * x;
+        }
   }
 }
 

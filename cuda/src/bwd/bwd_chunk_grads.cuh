@@ -49,25 +49,23 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_solve_adjoint_kernel(const Bw
   {
     float* Khs = Rg;
     float* Qhs = Rg + C * PK;
-    for (int idx = tid; idx < C * K; idx += kBwdThreads) {
-      const int i = idx / K, r = idx % K;
-      Khs[i * PK + r] = rec[R.kh + idx];
-      Qhs[i * PK + r] = rec[R.qh + idx];
-    }
+    bwd_cp_rows(Khs, PK, rec + R.kh, K, C, K);
+    bwd_cp_rows(Qhs, PK, rec + R.qh, K, C, K);
+    bwd_cp_rows(Ai, PC, rec + R.ainv, C, C, C);
+    cp_commit();
     for (int idx = tid; idx < C * C; idx += kBwdThreads) {
-      const int i = idx / C, j = idx % C;
-      Ai[i * PC + j] = rec[R.ainv + idx];
-      Pa[i * PC + j] = 0.f;
-      Da[i * PC + j] = 0.f;
+      Pa[(idx / C) * PC + idx % C] = 0.f;
+      Da[(idx / C) * PC + idx % C] = 0.f;
     }
     if (tid < C) {
       G[tid] = rec[R.sc + kScG * C + tid];
       beta[tid] = rec[R.sc + kScBeta * C + tid];
       dbeta[tid] = 0.f;
     }
+    cp_wait<0>();
     __syncthreads();
-    block_gemm<false, true, false>(C, C, K, Khs, PK, Khs, PK, KKs, PC, 1.f);
-    block_gemm<false, true, false>(C, C, K, Qhs, PK, Khs, PK, QKs, PC, 1.f);
+    block_gemm<false, true, false>(C, C, K, Khs, PK, Khs, PK, KKs, PC, 1.f);  // K^ K^^T
+    block_gemm<false, true, false>(C, C, K, Qhs, PK, Khs, PK, QKs, PC, 1.f);  // Q^ K^^T
   }
   float* dUp = Rg;
   float* Up = dUp + C * PP;
@@ -77,25 +75,18 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_solve_adjoint_kernel(const Bw
   const E* dOb = static_cast<const E*>(bp.dO);
   for (int c0 = 0; c0 < V; c0 += VP) {
     __syncthreads();  // the tiles (first panel) or the previous panel are consumed
-    for (int idx = tid; idx < C * VP; idx += kBwdThreads) {
-      const int i = idx / VP, cc = idx % VP;
-      const int64_t g = int64_t(i) * V + c0 + cc;
-      dUp[i * PP + cc] = rec[R.du + g];
-      Up[i * PP + cc] = rec[R.u + g];
-      Vp[i * PP + cc] = rec[R.vh + g];
-      dYp[i * PP + cc] = i < L ? tof(dOb[pt.sr.b * bp.dos[0] + (pt.tb + i) * bp.dos[1] +
-                                         int64_t(hv) * bp.dos[2] + c0 + cc])
-                               : 0.f;
-    }
+    bwd_cp_rows(dUp, PP, rec + R.du + c0, V, C, VP);
+    bwd_cp_rows(Up, PP, rec + R.u + c0, V, C, VP);
+    bwd_cp_rows(Vp, PP, rec + R.vh + c0, V, C, VP);
+    cp_commit();
+    bwd_load_rows(dYp, PP, dOb + c0, bp.dos, pt.sr.b, pt.tb, hv, L, VP);
+    cp_wait<0>();
     __syncthreads();
     block_gemm<true, false, false>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);  // dR = A^-T dU
     __syncthreads();
-    for (int idx = tid; idx < C * VP; idx += kBwdThreads) {
-      const int i = idx / VP, cc = idx % VP;
-      rec[R.du + int64_t(i) * V + c0 + cc] = dRp[i * PP + cc];
-    }
-    block_gemm<false, true, true>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);
-    block_gemm<false, true, true>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);
+    bwd_store_rows(rec + R.du + c0, V, dRp, PP, C, VP);
+    block_gemm<false, true, true>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // + dY U^T
+    block_gemm<false, true, true>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // + dR U^T
     if (tid < C) {
       float s = dbeta[tid];
       for (int cc = 0; cc < VP; ++cc) s = fmaf(dRp[tid * PP + cc], Vp[tid * PP + cc], s);
@@ -128,8 +119,8 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_solve_adjoint_kernel(const Bw
     rec[R.sc + kScDG * C + i] = dG[i];
     rec[R.sc + kScDBeta * C + i] = dbeta[i];
   }
-  bwd_copy(rec + R.m, C, Pa, PC, C, C);
-  bwd_copy(rec + R.ainv, C, Da, PC, C, C);
+  bwd_store_rows(rec + R.m, C, Pa, PC, C, C);
+  bwd_store_rows(rec + R.ainv, C, Da, PC, C, C);
 }
 
 template <class E>
@@ -155,6 +146,8 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   float* dGs = sc + 2 * C;  // dG_i, then dg_i
   float* dbs = sc + 3 * C;  // dbeta_i
   float* zs = sc + 4 * C;   // z_i = Gamma_Ci k^_i . (dS u_i)
+  float* eg = sc + 5 * C;   // e^G_i
+  float* gc = sc + 6 * C;   // Gamma_Ci
   float* red = sc + 8 * C;  // [kBwdThreads] partial sums of dS o S
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int idx = tid; idx < 3 * C * PK; idx += kBwdThreads) A1[idx] = 0.f;
@@ -163,37 +156,33 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
     beta[tid] = rec[R.sc + kScBeta * C + tid];
     dGs[tid] = rec[R.sc + kScDG * C + tid];
     dbs[tid] = rec[R.sc + kScDBeta * C + tid];
+    eg[tid] = expf(G[tid]);
+    gc[tid] = expf(rec[R.sc + kScG * C + C - 1] - G[tid]);
   }
-  float* Sp = Rg;             // [K][PP]
-  float* dSp = Sp + K * PP;   // [K][PP]
+  float* Sp = Rg;             // [K][PP] the state's panel
+  float* dSp = Sp + K * PP;   // [K][PP] its gradient's
   float* dYp = dSp + K * PP;  // [C][PP]
   float* Up = dYp + C * PP;
   float* dRp = Up + C * PP;
   const E* dOb = static_cast<const E*>(bp.dO);
-  float carry = 0.f;  // this thread's part of sum(dS o S)
+  float carry = 0.f;  // this thread's part of sum(dS o S), in a fixed order
   for (int c0 = 0; c0 < V; c0 += VP) {
+    __syncthreads();
+    bwd_cp_rows(Sp, PP, rec + R.s + c0, V, K, VP);
+    bwd_cp_rows(dSp, PP, rec + R.ds + c0, V, K, VP);
+    bwd_cp_rows(Up, PP, rec + R.u + c0, V, C, VP);
+    bwd_cp_rows(dRp, PP, rec + R.du + c0, V, C, VP);
+    cp_commit();
+    bwd_load_rows(dYp, PP, dOb + c0, bp.dos, pt.sr.b, pt.tb, hv, L, VP);
+    cp_wait<0>();
     __syncthreads();
     for (int idx = tid; idx < K * VP; idx += kBwdThreads) {
       const int r = idx / VP, cc = idx % VP;
-      const float s = rec[R.s + int64_t(r) * V + c0 + cc],
-                  ds = rec[R.ds + int64_t(r) * V + c0 + cc];
-      Sp[r * PP + cc] = s;
-      dSp[r * PP + cc] = ds;
-      carry = fmaf(s, ds, carry);
+      carry = fmaf(Sp[r * PP + cc], dSp[r * PP + cc], carry);
     }
-    for (int idx = tid; idx < C * VP; idx += kBwdThreads) {
-      const int i = idx / VP, cc = idx % VP;
-      const int64_t g = int64_t(i) * V + c0 + cc;
-      Up[i * PP + cc] = rec[R.u + g];
-      dRp[i * PP + cc] = rec[R.du + g];
-      dYp[i * PP + cc] = i < L ? tof(dOb[pt.sr.b * bp.dos[0] + (pt.tb + i) * bp.dos[1] +
-                                         int64_t(hv) * bp.dos[2] + c0 + cc])
-                               : 0.f;
-    }
-    __syncthreads();
-    block_gemm<false, true, true>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);
-    block_gemm<false, true, true>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);
-    block_gemm<false, true, true>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);
+    block_gemm<false, true, true>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);  // + dY S^T
+    block_gemm<false, true, true>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);  // + U dS^T
+    block_gemm<false, true, true>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);  // + dR S^T
   }
   __syncthreads();
   float* Khs = Rg;            // [C][PK]
@@ -201,16 +190,12 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   float* Pms = Qhs + C * PK;  // [C][PC]
   float* Zs = Pms + C * PC;   // [C][PC]
   red[tid] = carry;
-  for (int idx = tid; idx < C * K; idx += kBwdThreads) {
-    const int i = idx / K, r = idx % K;
-    Khs[i * PK + r] = rec[R.kh + idx];
-    Qhs[i * PK + r] = rec[R.qh + idx];
-  }
-  for (int idx = tid; idx < C * C; idx += kBwdThreads) {
-    const int i = idx / C, j = idx % C;
-    Pms[i * PC + j] = rec[R.m + idx];
-    Zs[i * PC + j] = rec[R.ainv + idx];
-  }
+  bwd_cp_rows(Khs, PK, rec + R.kh, K, C, K);
+  bwd_cp_rows(Qhs, PK, rec + R.qh, K, C, K);
+  bwd_cp_rows(Pms, PC, rec + R.m, C, C, C);
+  bwd_cp_rows(Zs, PC, rec + R.ainv, C, C, C);
+  cp_commit();
+  cp_wait<0>();
   __syncthreads();
   // Row terms: e^G_i q^_i.(S dy_i), z_i, and k^_i.(S dR_i), one warp per token.
   for (int i = warp; i < C; i += kBwdThreads / 32) {
@@ -224,19 +209,25 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
     zk = warp_sum(zk);
     c = warp_sum(c);
     if (lane == 0) {
-      const float eG = expf(G[i]), z = expf(G[C - 1] - G[i]) * zk;
+      const float eG = eg[i], z = gc[i] * zk;
       zs[i] = z;
       dGs[i] += eG * a - z - eG * beta[i] * c;
       dbs[i] -= eG * c;
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < C * K; idx += kBwdThreads) {
-    const int i = idx / K, r = idx % K;
-    const float eG = expf(G[i]);
-    A1[i * PK + r] *= eG;
-    A2[i * PK + r] = expf(G[C - 1] - G[i]) * A2[i * PK + r] - eG * beta[i] * A3[i * PK + r];
-  }
+  for (int i = warp; i < C; i += kBwdThreads / 32)  // one warp a row, a float4 a lane
+    for (int c = 4 * lane; c < K; c += 128) {
+      const float eG = eg[i], a = gc[i], bb = eG * beta[i];
+      float4 x1 = *reinterpret_cast<float4*>(A1 + i * PK + c);
+      float4 x2 = *reinterpret_cast<float4*>(A2 + i * PK + c);
+      const float4 x3 = *reinterpret_cast<const float4*>(A3 + i * PK + c);
+      x1.x *= eG, x1.y *= eG, x1.z *= eG, x1.w *= eG;
+      x2.x = a * x2.x - bb * x3.x, x2.y = a * x2.y - bb * x3.y;
+      x2.z = a * x2.z - bb * x3.z, x2.w = a * x2.w - bb * x3.w;
+      *reinterpret_cast<float4*>(A1 + i * PK + c) = x1;
+      *reinterpret_cast<float4*>(A2 + i * PK + c) = x2;
+    }
   if (tid == 0) {
     // Carried state: dG_{C-1} += gamma_C sum(dS o S) + sum_i z_i; then dg = reverse cumsum.
     float s = 0.f;
@@ -257,7 +248,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   block_gemm<true, false, true>(C, K, C, Zs, PC, Khs, PK, A2, PK, 1.f);    // + Z^T K^
   __syncthreads();
 
-  // The prologue backwards and the writes, one warp per token.
+  // The prologue backwards and the writes, one warp per token; lane l holds elements l + 32 m
+  // (m < kRowSlots), every global read of a token issued before any is used.
+  constexpr int kRowSlots = kBwdMaxHeadDim / 32;
   const E* qb = static_cast<const E*>(p.q);
   const E* kb = static_cast<const E*>(p.k);
   E* dvb = static_cast<E*>(bp.dv);
@@ -265,50 +258,65 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   const bool direct = bp.group == 1;
   for (int i = warp; i < L; i += kBwdThreads / 32) {
     const int64_t t = pt.tb + i, b = pt.sr.b;
+    const E* qrow = qb + b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2];
+    const E* krow = kb + b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2];
+    float q0[kRowSlots], k0[kRowSlots], vh[kRowSlots], dr[kRowSlots];
+#pragma unroll
+    for (int m = 0; m < kRowSlots; ++m) {
+      const int r = lane + 32 * m;
+      q0[m] = p.l2norm != 0 && r < K ? tof(qrow[r]) : 0.f;
+      k0[m] = p.l2norm == 2 && r < K ? tof(krow[r]) : 0.f;
+      vh[m] = r < V ? rec[R.vh + int64_t(i) * V + r] : 0.f;
+      dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
+    }
     const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
     const float ks = rs[kScVscale * C + i], kn = rs[kScKnorm * C + i], bi = beta[i];
-    // dq
+    // dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out (q^ = qn q), else qs dq^.
     float dot = 0.f;
-    if (p.l2norm != 0)
-      for (int r = lane; r < K; r += 32)
-        dot = fmaf(tof(qb[b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2] + r]) * qn,
-                   A1[i * PK + r], dot);
+#pragma unroll
+    for (int m = 0; m < kRowSlots; ++m)
+      if (lane + 32 * m < K) dot = fmaf(q0[m] * qn, A1[i * PK + lane + 32 * m], dot);
     dot = warp_sum(dot);
-    for (int r = lane; r < K; r += 32) {
-      float x = A1[i * PK + r];
-      if (p.l2norm != 0)
-        x -= tof(qb[b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2] + r]) * qn * dot;
-      x *= qs;
+#pragma unroll
+    for (int m = 0; m < kRowSlots; ++m) {
+      const int r = lane + 32 * m;
+      if (r >= K) continue;
+      const float x = qs * (A1[i * PK + r] - q0[m] * qn * dot);
       if (direct)
         static_cast<E*>(bp.dq)[b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2] + r] =
             Dtype<E>::from_float(x);
       else
         rec[R.dq + int64_t(i) * K + r] = x;
     }
-    // dv and the Kaczmarz share of dk: t1 = k^.dk^ + v^.dv^
+    // dv = vscale dv^, dv^ = beta dR; the Kaczmarz share of dk: t1 = k^.dk^ + v^.dv^.
     float t1 = 0.f;
-    for (int r = lane; r < V; r += 32) {
-      const float dvh = bi * rec[R.du + int64_t(i) * V + r];
-      t1 = fmaf(rec[R.vh + int64_t(i) * V + r], dvh, t1);
-      dvb[b * bp.dvs[0] + t * bp.dvs[1] + int64_t(hv) * bp.dvs[2] + r] =
-          Dtype<E>::from_float(ks * dvh);
+#pragma unroll
+    for (int m = 0; m < kRowSlots; ++m) {
+      const int r = lane + 32 * m;
+      if (r < V) {
+        t1 = fmaf(vh[m], bi * dr[m], t1);
+        dvb[b * bp.dvs[0] + t * bp.dvs[1] + int64_t(hv) * bp.dvs[2] + r] =
+            Dtype<E>::from_float(ks * (bi * dr[m]));
+      }
+      if (r < K) t1 = fmaf(Khs[i * PK + r], A2[i * PK + r], t1);
     }
-    for (int r = lane; r < K; r += 32) t1 = fmaf(Khs[i * PK + r], A2[i * PK + r], t1);
     t1 = warp_sum(t1);
-    // dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^; then the qk l2-norm's chain.
-    float t2 = 0.f;
-    for (int r = lane; r < K; r += 32) {
-      float x = A2[i * PK + r];
-      if (p.kaczmarz) x = ks * (x - Khs[i * PK + r] * t1);
-      A2[i * PK + r] = x;
-      if (p.l2norm == 2)
-        t2 = fmaf(tof(kb[b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2] + r]) * kn, x, t2);
+    // dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^; then the qk l2-norm's chain through k1 = kn k.
+    float dk1[kRowSlots], t2 = 0.f;
+#pragma unroll
+    for (int m = 0; m < kRowSlots; ++m) {
+      const int r = lane + 32 * m;
+      dk1[m] = 0.f;
+      if (r >= K) continue;
+      dk1[m] = p.kaczmarz ? ks * (A2[i * PK + r] - Khs[i * PK + r] * t1) : A2[i * PK + r];
+      t2 = fmaf(k0[m] * kn, dk1[m], t2);
     }
     t2 = warp_sum(t2);
-    for (int r = lane; r < K; r += 32) {
-      float x = A2[i * PK + r];
-      if (p.l2norm == 2)
-        x = kn * (x - tof(kb[b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2] + r]) * kn * t2);
+#pragma unroll
+    for (int m = 0; m < kRowSlots; ++m) {
+      const int r = lane + 32 * m;
+      if (r >= K) continue;
+      const float x = p.l2norm == 2 ? kn * (dk1[m] - k0[m] * kn * t2) : dk1[m];
       if (direct)
         static_cast<E*>(bp.dk)[b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2] + r] =
             Dtype<E>::from_float(x);

@@ -20,23 +20,31 @@ cudaError_t bwd_launch(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& 
   return cudaGetLastError();
 }
 
+template <class E, int VS>
+cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, const char*& what) {
+  const KernelParams& p = bp.f;
+  const dim3 scans(unsigned(int64_t(p.N) * p.HV * (p.V / VS)));
+  const int64_t smem = bwd_scan_smem(p.K, VS);
+  if (p.max_chunks > 0) {
+    what = "the backward state scan";
+    if (cudaError_t e = bwd_launch(bwd_state_forward_kernel<E, VS>, scans, smem, bp, stream))
+      return e;
+  }
+  what = "the backward state-gradient scan";
+  return bwd_launch(bwd_state_backward_kernel<E, VS>, scans, smem, bp, stream);
+}
+
 template <class E>
 cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   const KernelParams& p = bp.f;
   const dim3 chunks(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N));
-  const dim3 scans(unsigned(int64_t(p.N) * p.HV * (p.V / kBwdScanSlice)));
   if (p.max_chunks > 0) {
     what = "the backward prep";
     if (cudaError_t e = bwd_launch(bwd_prep_kernel<E>, chunks, bwd_prep_smem(p.K, p.V), bp, stream))
       return e;
-    what = "the backward state scan";
-    if (cudaError_t e =
-            bwd_launch(bwd_state_forward_kernel<E>, scans, bwd_scan_smem(p.K), bp, stream))
-      return e;
   }
-  what = "the backward state-gradient scan";
-  if (cudaError_t e =
-          bwd_launch(bwd_state_backward_kernel<E>, scans, bwd_scan_smem(p.K), bp, stream))
+  if (cudaError_t e = bwd_scan_slice(p.V) == 32 ? launch_backward_scans<E, 32>(bp, stream, what)
+                                                : launch_backward_scans<E, 16>(bp, stream, what))
     return e;
   if (p.max_chunks == 0) return cudaSuccess;
   what = "the backward solve adjoint";

@@ -7,11 +7,13 @@
 //   vh     [C][V]  values v^ = vscale v
 //   w      [C][K]  W = A^-1 diag(beta e^G) K^            (A = I + L, the chunk system)
 //   u      [C][V]  U0 = A^-1 diag(beta) V^, then U = U0 - W S (the state scan)
-//   du     [C][V]  dU = M^T dY + K_G dS_out (the state-gradient scan), then dR = A^-T dU
+//   du     [C][V]  X = M^T dY (the prep), then dU = X + K_G dS_out (the state-gradient scan), then
+//                  dR = A^-T dU
 //   m      [C][C]  M = (Q^ K^^T) o Gamma (lower), then Pm = (dY U^T) o Gamma
 //   ainv   [C][C]  A^-1 (lower), then Z = beta_i Gamma o dL
 //   sc     [16][C] per-token scalars (BwdScalar rows)
-//   s, ds  [K][V]  the chunk's incoming state S and the gradient of its outgoing state
+//   s, ds  [K][V]  the chunk's incoming state S; Y = Q^^T diag(e^G) dY (the prep), then the
+//                  gradient of the chunk's outgoing state
 //   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards)
 #pragma once
 
@@ -26,7 +28,12 @@ namespace kla::layout {
 constexpr int kBwdMaxHeadDim = 128;
 /// Threads of every backward kernel; value columns per state-scan block; V panel of the
 /// per-chunk kernels.
-constexpr int kBwdThreads = 256, kBwdScanSlice = 16, kBwdPanel = 32;
+constexpr int kBwdThreads = 256, kBwdPanel = 32;
+/// Value columns per state-scan block: 32 (one wave of blocks where N HV V / 32 fits the device),
+/// 16 where V is not a multiple of 32.
+constexpr int bwd_scan_slice(int V) {
+  return V % 32 == 0 ? 32 : 16;
+}
 
 /// Rows of the record's per-token scalars.
 enum BwdScalar : int {
@@ -71,13 +78,20 @@ constexpr int bwd_pitch(int width) {
 
 /// Dynamic shared memory (bytes) of each backward kernel at head dims K, V.
 constexpr int64_t bwd_prep_smem(int K, int V) {
-  return 4 * (2 * kChunk * bwd_pitch(K) + kChunk * bwd_pitch(V) + 2 * kChunk * bwd_pitch(kChunk) +
-              8 * kChunk);
+  // K^, Q^, V^, dY, two [C][C], the scalars, the inverse's scratch
+  return 4 * (2 * kChunk * bwd_pitch(K) + 2 * kChunk * bwd_pitch(V) +
+              2 * kChunk * bwd_pitch(kChunk) + 10 * kChunk + kInvScratch);
 }
-constexpr int64_t bwd_scan_smem(int K) {
-  // M, W, K_G (or Q_E), state slice, two [C][VS] tiles
-  return 4 * (kChunk * bwd_pitch(kChunk) + 3 * kChunk * bwd_pitch(K) +
-              K * bwd_pitch(kBwdScanSlice) + 2 * kChunk * bwd_pitch(kBwdScanSlice) + 2 * kChunk);
+/// Floats of one copy stage of a state scan: W and k^ [C][pitch K], then the forward's U0 slice
+/// [C][VS + 4] or the backward's X [C][VS + 4] and Y [K][VS + 4] slices, then G [C].
+constexpr int64_t bwd_scan_stage_floats(int K, int VS, bool backward) {
+  return 2 * kChunk * bwd_pitch(K) + kChunk * bwd_pitch(VS) +
+         (backward ? int64_t(K) * bwd_pitch(VS) : 0) + kChunk;
+}
+constexpr int64_t bwd_scan_smem(int K, int VS) {
+  // two stages of the backward scan (the larger), then dS [K][VS + 4] and dU [C][VS + 4]
+  return 4 * (2 * bwd_scan_stage_floats(K, VS, true) + int64_t(K) * bwd_pitch(VS) +
+              kChunk * bwd_pitch(VS));
 }
 constexpr int64_t bwd_solve_smem(int K) {
   const int64_t tiles = 2 * kChunk * bwd_pitch(K);           // K^, Q^ (first phase)
@@ -86,6 +100,7 @@ constexpr int64_t bwd_solve_smem(int K) {
 }
 constexpr int64_t bwd_grads_smem(int K) {
   const int64_t acc = 3 * kChunk * bwd_pitch(K);  // dY S^T, U dS^T, dR S^T
+  // the S and dS panels ([K][VP]), the dY, U, dR panels; then K^, Q^, Pm, Z
   const int64_t panels = 2 * int64_t(K) * bwd_pitch(kBwdPanel) + 3 * kChunk * bwd_pitch(kBwdPanel);
   const int64_t tiles = 2 * kChunk * bwd_pitch(K) + 2 * kChunk * bwd_pitch(kChunk);
   return 4 * (acc + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdThreads);

@@ -1,143 +1,153 @@
 // Backward, passes 2 and 3: the two sequential scans over the chunks, one block per (sequence,
-// value head, slice of kBwdScanSlice value columns); a state's columns evolve independently, so
-// slices never talk. Both keep a [K][VS] fp32 slice in shared memory and read each chunk's record
-// (bwd/bwd_prep.cuh):
+// value head, slice of VS = bwd_scan_slice(V) value columns); a state's columns evolve
+// independently, so slices never talk. Both keep a [K][VS] fp32 slice in shared memory and read
+// each chunk's record (bwd/bwd_prep.cuh), the next chunk's tiles copied in (cp.async, two stages)
+// while this one's are used:
 //   bwd_state_forward_kernel   S_c (the state entering chunk c) is written to the record, then
 //                              U = U0 - W S  (kept in the record in place of U0)
-//                              S <- gamma_C S + K_G^T U,  K_G = diag(Gamma_Cj) K^
+//                              S <- gamma_C S + K^^T diag(Gamma_C.) U
 //   bwd_state_backward_kernel  from the last chunk to the first, dS = d loss / d(chunk's outgoing
-//                              state) is written to the record, then
-//                              dU = M^T dY + K_G dS  (kept in the record)
-//                              dS <- gamma_C dS + (e^G o Q^)^T dY - W^T dU
-//                              and finally d(initial state) = dS.
-// The second is the first's adjoint (eq. (chunk_state) transposed; _backward.py's loop over the
-// chunks). Precision: fp32, each product summed in index order (bwd/block_gemm.cuh).
+//                              state) is written to the record (in place of Y), then
+//                              dU = diag(Gamma_C.) K^ dS + X  (kept in the record in place of X)
+//                              dS <- gamma_C dS + Y - W^T dU
+//                              and finally d(initial state) = dS,
+// with X = M^T dY and Y = Q^^T diag(e^G) dY from the prep. The second is the first's adjoint
+// (eq. (chunk_state) transposed; _backward.py's loop over the chunks), Gamma_Cj = e^{G_{C-1} -
+// G_j}. Precision: the products of bwd/block_gemm.cuh (fp32 grade, fixed summation order).
 #pragma once
 
 #include "bwd/bwd_prep.cuh"
 
 namespace kla::kernels {
 
-template <class E>
+template <class E, int VS>
 __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
-  constexpr int C = kChunk, VS = kBwdScanSlice, PS = bwd_pitch(VS);
+  constexpr int C = kChunk, PS = bwd_pitch(VS);
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  const int K = p.K, V = p.V, PK = bwd_pitch(K), PC = bwd_pitch(C);
+  const int K = p.K, V = p.V, PK = bwd_pitch(K);
   const ScanTile blk = scan_tile(p, K, V, VS);
   const int n = blk.n, hv = blk.hv, c0 = blk.c0;
   const SeqRange sr = blk.sr;
   const BwdRecord R(K, V);
-  float* Ws = smem + C * PC;  // (the M slot of the shared layout is unused here)
-  float* KG = Ws + C * PK;
-  float* Ss = KG + 2 * C * PK;  // [K][PS]
-  float* Us = Ss + K * PS;      // [C][PS]
+  // Stage st: W [C][PK], k^ [C][PK], the U0 slice [C][PS], G [C]; then the state slice.
+  const int stage = int(bwd_scan_stage_floats(K, VS, false));
+  float* Ss = smem + 2 * stage;  // [K][PS]
   const int tid = threadIdx.x;
   for (int idx = tid; idx < K * VS; idx += kBwdThreads) {
     const int r = idx / VS, cc = idx % VS;
     Ss[r * PS + cc] = blk.slot.in ? blk.slot.in[int64_t(r) * V + c0 + cc] : 0.f;
   }
   const int nch = int((sr.len + C - 1) / C);
+  auto issue = [&](int st, int ch) {
+    float* base = smem + st * stage;
+    const float* rec = bwd_record(bp, n, sr, ch, hv);
+    bwd_cp_rows(base, PK, rec + R.w, K, C, K);
+    bwd_cp_rows(base + C * PK, PK, rec + R.kh, K, C, K);
+    bwd_cp_rows(base + 2 * C * PK, PS, rec + R.u + c0, V, C, VS);
+    bwd_cp_rows(base + 2 * C * PK + C * PS, C, rec + R.sc + kScG * C, C, 1, C);
+    cp_commit();
+  };
+  if (nch > 0) issue(0, 0);
   for (int ch = 0; ch < nch; ++ch) {
+    const int st = ch & 1;
     float* rec = bwd_record(bp, n, sr, ch, hv);
-    const float* G = rec + R.sc + kScG * C;
-    __syncthreads();  // Ss complete; the previous chunk's tiles free
-    for (int idx = tid; idx < K * VS; idx += kBwdThreads) {
-      const int r = idx / VS, cc = idx % VS;
-      rec[R.s + int64_t(r) * V + c0 + cc] = Ss[r * PS + cc];
-    }
-    for (int idx = tid; idx < C * K; idx += kBwdThreads) {
-      const int i = idx / K, r = idx % K;
-      Ws[i * PK + r] = rec[R.w + idx];
-      KG[i * PK + r] = rec[R.kh + idx] * expf(G[C - 1] - G[i]);
-    }
-    for (int idx = tid; idx < C * VS; idx += kBwdThreads) {
-      const int i = idx / VS, cc = idx % VS;
-      Us[i * PS + cc] = rec[R.u + int64_t(i) * V + c0 + cc];
+    float* Ws = smem + st * stage;
+    float* Khs = Ws + C * PK;
+    float* Us = Khs + C * PK;  // U0, then U, then diag(Gamma_C.) U
+    const float* Gs = Us + C * PS;
+    __syncthreads();  // the previous chunk is done with stage st ^ 1 and with Ss
+    if (ch + 1 < nch) {
+      issue(st ^ 1, ch + 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
     }
     __syncthreads();
+    bwd_store_rows(rec + R.s + c0, V, Ss, PS, K, VS);
     block_gemm<false, false, true>(C, VS, K, Ws, PK, Ss, PS, Us, PS, -1.f);  // U = U0 - W S
     __syncthreads();
-    const float gC = rec[R.sc + kScChunk * C];
-    for (int idx = tid; idx < C * VS; idx += kBwdThreads) {
-      const int i = idx / VS, cc = idx % VS;
-      rec[R.u + int64_t(i) * V + c0 + cc] = Us[i * PS + cc];
+    const float gC = expf(Gs[C - 1]);
+    for (int idx = tid; idx < C * (VS / 4); idx += kBwdThreads) {  // U out, then Gamma_Ci u_i
+      const int i = idx / (VS / 4), cc = (idx % (VS / 4)) * 4;
+      const float gci = expf(Gs[C - 1] - Gs[i]);
+      float4 u = *reinterpret_cast<float4*>(Us + i * PS + cc);
+      *reinterpret_cast<float4*>(rec + R.u + int64_t(i) * V + c0 + cc) = u;
+      u.x *= gci, u.y *= gci, u.z *= gci, u.w *= gci;
+      *reinterpret_cast<float4*>(Us + i * PS + cc) = u;
     }
-    for (int idx = tid; idx < K * VS; idx += kBwdThreads) {
-      const int r = idx / VS, cc = idx % VS;
-      Ss[r * PS + cc] *= gC;
-    }
+    for (int idx = tid; idx < K * VS; idx += kBwdThreads) Ss[(idx / VS) * PS + idx % VS] *= gC;
     __syncthreads();
-    block_gemm<true, false, true>(K, VS, C, KG, PK, Us, PS, Ss, PS, 1.f);  // S += K_G^T U
+    block_gemm<true, false, true>(K, VS, C, Khs, PK, Us, PS, Ss, PS, 1.f);  // + K^^T diag U
   }
 }
 
-template <class E>
+template <class E, int VS>
 __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
-  constexpr int C = kChunk, VS = kBwdScanSlice, PS = bwd_pitch(VS);
+  constexpr int C = kChunk, PS = bwd_pitch(VS);
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  const int K = p.K, V = p.V, PK = bwd_pitch(K), PC = bwd_pitch(C);
+  const int K = p.K, V = p.V, PK = bwd_pitch(K);
   const ScanTile blk = scan_tile(p, K, V, VS);
   const int n = blk.n, hv = blk.hv, c0 = blk.c0;
   const SeqRange sr = blk.sr;
   const BwdRecord R(K, V);
-  float* Ms = smem;         // [C][PC]
-  float* Ws = Ms + C * PC;  // [C][PK]
-  float* KG = Ws + C * PK;  // [C][PK]
-  float* QE = KG + C * PK;  // [C][PK]
-  float* dS = QE + C * PK;  // [K][PS]
-  float* dY = dS + K * PS;  // [C][PS]
-  float* dU = dY + C * PS;  // [C][PS]
+  // Stage st: W [C][PK], k^ [C][PK], the X slice [C][PS], the Y slice [K][PS], G [C]; then dS
+  // [K][PS] and dU [C][PS].
+  const int stage = int(bwd_scan_stage_floats(K, VS, true));
+  float* dS = smem + 2 * stage;
+  float* dU = dS + K * PS;
   const int tid = threadIdx.x;
   const int64_t KV = int64_t(K) * V, head = int64_t(n) * p.HV + hv;
   for (int idx = tid; idx < K * VS; idx += kBwdThreads) {
     const int r = idx / VS, cc = idx % VS;
     dS[r * PS + cc] = bp.dht ? bp.dht[head * KV + int64_t(r) * V + c0 + cc] : 0.f;
   }
-  const E* dOb = static_cast<const E*>(bp.dO);
   const int nch = int((sr.len + C - 1) / C);
-  for (int ch = nch - 1; ch >= 0; --ch) {
+  auto issue = [&](int st, int ch) {
+    float* base = smem + st * stage;
+    const float* rec = bwd_record(bp, n, sr, ch, hv);
+    bwd_cp_rows(base, PK, rec + R.w, K, C, K);
+    bwd_cp_rows(base + C * PK, PK, rec + R.kh, K, C, K);
+    bwd_cp_rows(base + 2 * C * PK, PS, rec + R.du + c0, V, C, VS);
+    bwd_cp_rows(base + 2 * C * PK + C * PS, PS, rec + R.ds + c0, V, K, VS);
+    bwd_cp_rows(base + 2 * C * PK + (C + K) * PS, C, rec + R.sc + kScG * C, C, 1, C);
+    cp_commit();
+  };
+  if (nch > 0) issue(0, nch - 1);
+  for (int step = 0; step < nch; ++step) {
+    const int ch = nch - 1 - step, st = step & 1;
     float* rec = bwd_record(bp, n, sr, ch, hv);
-    const float* G = rec + R.sc + kScG * C;
-    const int64_t tb = sr.t0 + int64_t(ch) * C;
-    const int L = int(sr.len - int64_t(ch) * C < C ? sr.len - int64_t(ch) * C : C);
+    float* Ws = smem + st * stage;
+    float* Khs = Ws + C * PK;
+    float* Xs = Khs + C * PK;
+    float* Ys = Xs + C * PS;
+    const float* Gs = Ys + K * PS;
+    __syncthreads();  // the previous chunk is done with stage st ^ 1, dS and dU
+    if (ch > 0) {
+      issue(st ^ 1, ch - 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
     __syncthreads();
-    for (int idx = tid; idx < K * VS; idx += kBwdThreads) {
-      const int r = idx / VS, cc = idx % VS;
-      rec[R.ds + int64_t(r) * V + c0 + cc] = dS[r * PS + cc];
-    }
-    for (int idx = tid; idx < C * C; idx += kBwdThreads)
-      Ms[(idx / C) * PC + idx % C] = rec[R.m + idx];
-    for (int idx = tid; idx < C * K; idx += kBwdThreads) {
-      const int i = idx / K, r = idx % K;
-      Ws[i * PK + r] = rec[R.w + idx];
-      KG[i * PK + r] = rec[R.kh + idx] * expf(G[C - 1] - G[i]);
-      QE[i * PK + r] = rec[R.qh + idx] * expf(G[i]);
-    }
-    for (int idx = tid; idx < C * VS; idx += kBwdThreads) {
+    bwd_store_rows(rec + R.ds + c0, V, dS, PS, K, VS);  // (Y is in shared memory already)
+    block_gemm<false, false, false>(C, VS, K, Khs, PK, dS, PS, dU, PS, 1.f);  // K^ dS
+    __syncthreads();
+    const float gC = expf(Gs[C - 1]);
+    for (int idx = tid; idx < C * VS; idx += kBwdThreads) {  // dU = Gamma_C. K^ dS + X, out
       const int i = idx / VS, cc = idx % VS;
-      dY[i * PS + cc] = i < L ? tof(dOb[sr.b * bp.dos[0] + (tb + i) * bp.dos[1] +
-                                        int64_t(hv) * bp.dos[2] + c0 + cc])
-                              : 0.f;
+      const float x = fmaf(expf(Gs[C - 1] - Gs[i]), dU[i * PS + cc], Xs[i * PS + cc]);
+      dU[i * PS + cc] = x;
+      rec[R.du + int64_t(i) * V + c0 + cc] = x;
     }
-    __syncthreads();
-    block_gemm<true, false, false>(C, VS, C, Ms, PC, dY, PS, dU, PS, 1.f);  // M^T dY
-    block_gemm<false, false, true>(C, VS, K, KG, PK, dS, PS, dU, PS, 1.f);  // + K_G dS
-    __syncthreads();
-    const float gC = rec[R.sc + kScChunk * C];
-    for (int idx = tid; idx < C * VS; idx += kBwdThreads) {
-      const int i = idx / VS, cc = idx % VS;
-      rec[R.du + int64_t(i) * V + c0 + cc] = dU[i * PS + cc];
-    }
-    for (int idx = tid; idx < K * VS; idx += kBwdThreads) {
+    for (int idx = tid; idx < K * VS; idx += kBwdThreads) {  // gamma_C dS + Y
       const int r = idx / VS, cc = idx % VS;
-      dS[r * PS + cc] *= gC;
+      dS[r * PS + cc] = fmaf(gC, dS[r * PS + cc], Ys[r * PS + cc]);
     }
     __syncthreads();
-    block_gemm<true, false, true>(K, VS, C, QE, PK, dY, PS, dS, PS, 1.f);   // + (e^G Q^)^T dY
     block_gemm<true, false, true>(K, VS, C, Ws, PK, dU, PS, dS, PS, -1.f);  // - W^T dU
   }
   __syncthreads();
