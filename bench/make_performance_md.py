@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--reference", help="kla_bench_reference's JSON output (CPU costs)")
     ap.add_argument("--overhead", help="kla._bench_overhead's JSON output (Python host cost)")
     ap.add_argument("--overhead-note", default="", help="where and at which commit it ran")
+    ap.add_argument("--backward", help="bench/bench_backward.py's output folder (backward.json)")
+    ap.add_argument("--backward-note", default="", help="where and at which commit it ran")
     args = ap.parse_args()
 
     sbs = load_json(os.path.join(args.outdir, "side_by_side.json"))
@@ -268,6 +270,40 @@ def main():
         w("|---|---|")
         for r in ovh.get("rows", []):
             w(f"| {r['case']} | {r['us_per_call']:.2f} |")
+        w("")
+    bwd = load_json(os.path.join(args.backward, "backward.json")) if args.backward else None
+    if bwd:
+        shutil.copy(os.path.join(args.backward, "backward.json"),
+                    os.path.join(args.docs, "performance", "backward.json"))
+        w("## Backward (`python3 bench/bench_backward.py`)")
+        w("")
+        w(f"{bwd.get('device', '?')}, torch {bwd.get('torch', '?')}, FLA "
+          f"{(bwd.get('fla') or {}).get('version', 'not run')}"
+          f"{'; ' + args.backward_note if args.backward_note else ''}. FlashQLA's backward case: "
+          "bf16, K = V = 128, H 16 / HV 32, packed sequences, initial state, l2-normalised q and "
+          "k in the kernel, g = logsigmoid(randn)/16, β = sigmoid(randn), upstream gradients of o "
+          "and of the final state; each library's `chunk_gated_delta_rule` through "
+          "torch.autograd. bwd = the backward alone (a retained graph replayed), fwd+bwd = both; "
+          "medians of CUDA-event timings after warm-up. Peak = memory torch allocated over one "
+          "fwd+bwd beyond what was allocated before. kla's forward saves only its inputs; its "
+          "backward recomputes each chunk's state into its workspace.")
+        if (bwd.get("fla") or {}).get("guard_bypassed"):
+            w("")
+            w("FLA refuses its backward on Hopper with Triton 3.4 up to 3.7.0 (its issue 640: "
+              "wrong dq / dk / dg there); the script bypassed that guard, so FLA's rows are what "
+              "a user who forces it gets.")
+        w("")
+        w("| case | kla bwd ms | FLA bwd ms | kla fwd+bwd ms | FLA fwd+bwd ms | FlashQLA bwd "
+          "(published, H200) | goal | kla workspace GiB | kla peak GiB | FLA peak GiB |")
+        w("|---|---|---|---|---|---|---|---|---|---|")
+        published = {"1x32768": ("2.515", "≤ 2.5"), "8 seqs, 32768 total": ("2.893", "≤ 2.9"),
+                     "1x8192": ("0.789", "≤ 0.79")}
+        for r in bwd.get("speed", []):
+            pub, goal = published.get(r["case"], ("–", "–"))
+            w(f"| {r['case']} | {f(r.get('kla_bwd_ms'), '.3f')} | {f(r.get('fla_bwd_ms'), '.3f')} "
+              f"| {f(r.get('kla_fwd_bwd_ms'), '.3f')} | {f(r.get('fla_fwd_bwd_ms'), '.3f')} | "
+              f"{pub} | {goal} | {f(r.get('kla_workspace_GiB'), '.2f')} | "
+              f"{f(r.get('kla_peak_GiB'), '.2f')} | {f(r.get('fla_peak_GiB'), '.2f')} |")
         w("")
     w("## Reference figures (SPEC §4, not this run)")
     w("")

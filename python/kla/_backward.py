@@ -1,8 +1,9 @@
 """The backward pass of kla's forward ops (chunk_fwd, recurrent_fwd), in PyTorch.
 
 This is the chunkwise backward of reference/include/kla/ref/grad_chunk.hpp (SPEC §8) written with
-batched torch matrix products, so that autograd works through kla.chunk_kla and the given-beta
-functions on any device while the CUDA backward kernels (issue 25) do not exist yet. It saves
+batched torch matrix products: the backward of the ops where the CUDA kernels (kla_chunk_backward,
+ops.launch_backward) do not run, on the CPU and for head dims above their 128; the same algorithm
+as the kernels, and the oracle their Python tests share with the float64 recurrence. It saves
 nothing from the forward: it recomputes each chunk's incoming state from the inputs
 (_chunk_torch.forward_chunks, whose docstring has the forms and the numerical contract), then
 runs two passes, one sequential over the chunks (the state gradient, eq. (chunk_state)

@@ -4,8 +4,9 @@
     torch.ops.kla.recurrent_fwd          kla_tokenwise_forward, new final state (o, final_state)
     torch.ops.kla.recurrent_fwd_inplace  kla_tokenwise_forward on `state` in place, or on the rows
                                          state_indices picks of a state pool (-1 skips): o
-    torch.ops.kla.chunk_bwd              the gradients of chunk_fwd / recurrent_fwd (_backward.py,
-                                         PyTorch), which their autograd formulas call
+    torch.ops.kla.chunk_bwd              the gradients of chunk_fwd / recurrent_fwd, which their
+                                         autograd formulas call: kla_chunk_backward on CUDA
+                                         (K, V <= 128), else _backward.py (PyTorch)
 
 Arguments are the C ABI's, already checked and converted by api.py (q, k, v of one dtype with the
 last dimension contiguous; g, eta fp32 [B,T,HV] with HV contiguous; states fp32 contiguous):

@@ -22,8 +22,9 @@
 // excluded, and checked to be left untouched). Where ||ref|| = 0 the gradient must be exactly 0.
 //
 // Bounds, from the arithmetic. The kernels read their inputs exactly (bf16 / fp16 values are exact
-// in fp32) and compute in fp32 throughout (u32 = 2^-24) on CUDA cores: FMA, inner sums in index
-// order, no TF32 (bwd/block_gemm.cuh). dq, dk and dv are then rounded once to the dtype (u_d =
+// in fp32) and compute in fp32 (u32 = 2^-24), their products on split-TF32 tensor cores (each
+// operand hi + lo, below 2^-21 relative a product, three fp32 accumulation chains; inner sums in
+// index order: bwd/block_gemm.cuh). dq, dk and dv are then rounded once to the dtype (u_d =
 // 2^-8 bf16, 2^-11 fp16, 2^-24 fp32); dg, deta and d_initial_state are stored in fp32. Per
 // gradient
 //
