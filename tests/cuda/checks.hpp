@@ -55,6 +55,7 @@ inline const bool kToleranceLedgerRegistered =
 
 struct Comparison {
   double o_rms = 0, state_rms = 0, o_max = 0, state_max = 0;
+  std::string state_worst;  // where state_max was reached: [n, hv, k, v], reference, kernel
   double tol_o = 0, tol_state = 0, rd = 0, sigma = 0;
   bool ok = true;
   std::string report;
@@ -121,7 +122,15 @@ inline Comparison compare(const Outputs& got, const Outputs& ref, const Data& d,
       const double allow = 6 * sigma * std::max(rms_head[i / block], std::abs(r)) + 1e-300;
       const double x = std::isfinite(got.state[i]) ? std::abs(got.state[i] - r) / allow : INFINITY;
       // An exact state (a zero-length sequence's copy) passes with sigma = 0.
-      if (got.state[i] != r) c.state_max = std::max(c.state_max, x);
+      if (got.state[i] != r && x > c.state_max) {
+        c.state_max = x;
+        const std::size_t e = i % block, nh = i / block;
+        std::ostringstream w;
+        w << "[" << nh / std::size_t(cfg.HV) << ", " << nh % std::size_t(cfg.HV) << ", "
+          << e / std::size_t(cfg.V) << ", " << e % std::size_t(cfg.V) << "] ref " << r << " got "
+          << got.state[i] << " head rms " << rms_head[nh];
+        c.state_worst = w.str();
+      }
     }
     ok = ok && (c.state_rms <= c.tol_state || c.state_rms == 0.0) && c.state_max <= 1.0;
   }
@@ -131,7 +140,7 @@ inline Comparison compare(const Outputs& got, const Outputs& ref, const Data& d,
      << " (tol " << c.tol_o << " = rounding " << c.rd << " + 4 sigma " << 4 * sigma
      << " x read-out magnitude " << std::sqrt(num_m / den_s) << "), o max/allowance " << c.o_max
      << ", state rel-rms " << c.state_rms << " (tol " << c.tol_state << "), state max/allowance "
-     << c.state_max;
+     << c.state_max << (c.state_worst.empty() ? "" : " at " + c.state_worst);
   c.report = os.str();
   if (!pair) {
     // How much of the arithmetic allowance the outputs used: (o_rms - rounding) / (4 sigma).
