@@ -1,4 +1,5 @@
-// Fuzz target 1: kla_validate (cuda/src/api/validate.cpp) and the host-only plan,
+// Fuzz target 1: kla_validate and kla_validate_backward (cuda/src/api/validate.cpp) and the
+// host-only plan,
 // kla_plan_chunk_forward_for (cuda/src/plan/), compiled in from their source paths, on parameter
 // structs built from arbitrary bytes.
 //
@@ -834,6 +835,89 @@ std::uint32_t pick_bad_stamp(Bytes& r, std::uint32_t good, std::uint32_t older) 
 
 }  // namespace
 
+// ---- the backward (kla_validate_backward)
+// ----------------------------------------------------------
+
+// kla_validate_backward on the backward of forward params p: gradient tensors that are valid by
+// construction (contiguous, 16-byte aligned garbage addresses, dg / deta exactly where g / eta
+// are, a workspace of kla_backward_workspace_size), then at most one planted fault with the
+// status it must give. Checks the status range, the message convention, success where the
+// forward (with d_o as o and what the backward ignores cleared) is valid, and each fault's status
+// where it is the only thing wrong.
+void check_backward(const kla_params& p, Bytes& r) {
+  kla_backward_params b;
+  kla_backward_params_init(&b);
+  b.forward = p;
+  const std::int64_t B = p.batch, T = p.seq_len, H = p.num_heads, HV = p.num_v_heads;
+  const std::int64_t K = p.head_dim_k, V = p.head_dim_v;
+  b.d_o = p.o;
+  for (int d = 0; d < 3; ++d) b.d_o_strides[d] = p.o_strides[d];
+  // Contiguous strides, where they fit in 64 bits (else the case only checks the conventions).
+  std::int64_t qs[3] = {1, 1, 1}, vs[3] = {1, 1, 1}, gs = 1, hk = 0, hv = 0, gt = 0;
+  const bool fits = !__builtin_mul_overflow(H, K, &hk) && !__builtin_mul_overflow(T, hk, &qs[0]) &&
+                    !__builtin_mul_overflow(HV, V, &hv) && !__builtin_mul_overflow(T, hv, &vs[0]) &&
+                    !__builtin_mul_overflow(T, HV, &gt);
+  if (fits)
+    qs[1] = hk, qs[2] = K, vs[1] = hv, vs[2] = V, gs = HV;
+  else
+    qs[0] = vs[0] = 1;
+  b.dq = garbage(0x100000), b.dk = garbage(0x200000), b.dv = garbage(0x300000);
+  for (int d = 0; d < 3; ++d) b.dq_strides[d] = b.dk_strides[d] = qs[d], b.dv_strides[d] = vs[d];
+  if (p.g) {
+    b.dg = static_cast<float*>(garbage(0x400000));
+    b.dg_strides[0] = gt, b.dg_strides[1] = gs;
+  }
+  if (p.eta) {
+    b.deta = static_cast<float*>(garbage(0x500000));
+    b.deta_strides[0] = gt, b.deta_strides[1] = gs;
+  }
+  b.workspace = garbage(0x600000);
+  b.workspace_size = kla_backward_workspace_size(&b);
+  // The forward as the backward validates it.
+  kla_params f = p;
+  f.o = const_cast<void*>(b.d_o);
+  f.final_state = nullptr, f.workspace = nullptr, f.workspace_size = 0;
+  set_enum(f.path, KLA_PATH_AUTO), f.value_slice = 0, set_enum(f.fp32_math, 0);
+  const bool stamped = p.abi_version == KLA_ABI_VERSION && p.struct_size == sizeof(kla_params);
+  const bool fwd_ok = stamped && !p.state_pool && kla_validate(&f) == KLA_SUCCESS && K <= 128 &&
+                      V <= 128 && b.workspace_size > 0;
+  const bool sane = fwd_ok && fits && B > 0 && T > 0 && H > 0 && HV > 0;
+  kla_status want = KLA_SUCCESS;
+  switch (r.u8() % 8) {
+    case 1: b.dq = nullptr, want = KLA_ERROR_NULL_POINTER; break;
+    case 2: b.dv = garbage(0x300001), want = KLA_ERROR_MISALIGNED; break;
+    case 3:
+      if (T > 1 && K >= 16 && K <= 4096)  // a T stride of 0 (K = 16) or one that overlaps
+        b.dk_strides[1] = K - 16, want = KLA_ERROR_BAD_STRIDE;
+      break;
+    case 4:
+      if (!p.g)
+        b.dg = static_cast<float*>(garbage(0x400000)), want = KLA_ERROR_INVALID_VALUE;
+      else
+        b.dg = nullptr, want = KLA_ERROR_NULL_POINTER;
+      break;
+    case 5:
+      if (b.workspace_size > 0) b.workspace_size -= 1, want = KLA_ERROR_INVALID_SIZE;
+      break;
+    case 6: b.abi_version = KLA_ABI_VERSION + 1, want = KLA_ERROR_ABI_MISMATCH; break;
+    default: break;
+  }
+  const kla_status st = kla_validate_backward(&b);
+  const int si = int(st);
+  if (si < KLA_SUCCESS || si > KLA_ERROR_ABI_MISMATCH) die("backward: status out of range", p, si);
+  if (st == KLA_ERROR_NO_DEVICE || st == KLA_ERROR_CUDA || st == KLA_ERROR_UNSUPPORTED_PATH)
+    die("backward: host validation reported a device or plan error", p, si);
+  const std::string msg = kla_last_error_message();
+  if (st == KLA_SUCCESS && !msg.empty()) die("backward: message set on success", p, si);
+  if (st != KLA_SUCCESS && msg.rfind("kla: ", 0) != 0) die("backward: unprefixed message", p, si);
+  if (want == KLA_ERROR_ABI_MISMATCH && st != want) die("backward: stamp not refused", p, si);
+  if (sane && st != want) {
+    std::fprintf(stderr, "fuzz_validate: backward expected %s, got %s ('%s')\n",
+                 kla_status_string(want), kla_status_string(st), msg.c_str());
+    die("backward: wrong status on a valid forward", p, si);
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (kla_validate(nullptr) != KLA_ERROR_NULL_POINTER) std::abort();
   kla_params_init(nullptr);  // must not crash
@@ -907,5 +991,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (check(pc, a, false) != KLA_ERROR_ABI_MISMATCH) die("stamp not refused", pc, -1);
     check_plans(pc, KLA_ERROR_ABI_MISMATCH, dev);
   }
+  // Last of all (inputs that end earlier run it with no planted fault): the backward.
+  check_backward(p, r);
   return 0;
 }
