@@ -17,7 +17,9 @@
 // Precision: fp32, each product summed in index order (bwd/block_gemm.cuh).
 #pragma once
 
-#include "bwd/bwd_prep.cuh"
+#include "bwd/block_gemm.cuh"
+#include "bwd/bwd_tiles.cuh"
+#include "prep/token_scalars.cuh"
 
 namespace kla::kernels {
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "bwd/bwd_chunk_grads.cuh"
+#include "bwd/bwd_prep.cuh"
 #include "bwd/bwd_state_scans.cuh"
 
 namespace kla::kernels {

@@ -15,90 +15,15 @@
 #pragma once
 
 #include "bwd/block_gemm.cuh"
+#include "bwd/bwd_tiles.cuh"
 #include "bwd/bwd_layout.hpp"
 #include "bwd/bwd_params.hpp"
-#include "arch/copy.cuh"
 #include "arch/mma_tf32.cuh"
 #include "common/kernel_common.cuh"
 #include "prep/invert.cuh"
 #include "prep/token_scalars.cuh"
 
 namespace kla::kernels {
-
-/// The record of chunk c of sequence n (token range sr) for value head hv.
-__device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const SeqRange& sr, int c,
-                                             int hv) {
-  return bp.ws + (chunk_slot(bp.f, n, sr, c) * bp.f.HV + hv) * bp.rec_floats;
-}
-
-/// Loads rows [0, L) of a [C][W] tile of a [B,T,heads,W] tensor (zero rows past L) as fp32 into
-/// shared memory of pitch `pitch`: 16-byte vectors, four in flight per thread before any is
-/// stored (the loads' latency overlaps). W a multiple of 16 / sizeof(E); base, strides 16-byte
-/// aligned (validated).
-template <class E>
-__device__ __forceinline__ void bwd_load_rows(float* dst, int pitch, const E* base,
-                                              const int64_t* st, int64_t b, int64_t tb, int head,
-                                              int L, int W) {
-  constexpr int VE = 16 / int(sizeof(E));
-  const int wv = W / VE, total = kChunk * wv;
-  for (int i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
-    uint4 raw[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int idx = i0 + u * blockDim.x, i = idx / wv, c = (idx % wv) * VE;
-      raw[u] = idx < total && i < L
-                   ? *reinterpret_cast<const uint4*>(base + b * st[0] + (tb + i) * st[1] +
-                                                     int64_t(head) * st[2] + c)
-                   : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int idx = i0 + u * blockDim.x, i = idx / wv, c = (idx % wv) * VE;
-      if (idx < total) {
-        const E* e = reinterpret_cast<const E*>(&raw[u]);
-#pragma unroll
-        for (int j = 0; j < VE; ++j) dst[i * pitch + c + j] = tof(e[j]);
-      }
-    }
-  }
-}
-
-/// Asynchronous copies (cp.async, 16 bytes each) of a [rows][W] fp32 block from global memory
-/// (row pitch sp) to shared memory (pitch dp); W and both pitches multiples of 4. The caller
-/// commits and waits (cp_commit, cp_wait) before a barrier.
-__device__ __forceinline__ void bwd_cp_rows(float* dst, int dp, const float* src, int64_t sp,
-                                            int rows, int W) {
-  const int w4 = W / 4;
-  for (int idx = threadIdx.x; idx < rows * w4; idx += blockDim.x) {
-    const int i = idx / w4, c = (idx % w4) * 4;
-    cp16(dst + i * dp + c, src + i * sp + c, true);
-  }
-}
-
-/// Copies a [rows][W] fp32 matrix from shared memory (pitch sp) to global memory (pitch dp),
-/// 16 bytes at a time; W and both pitches multiples of 4.
-__device__ __forceinline__ void bwd_store_rows(float* dst, int64_t dp, const float* src, int sp,
-                                               int rows, int W) {
-  const int w4 = W / 4;
-  for (int idx = threadIdx.x; idx < rows * w4; idx += blockDim.x) {
-    const int i = idx / w4, c = (idx % w4) * 4;
-    *reinterpret_cast<float4*>(dst + i * dp + c) =
-        *reinterpret_cast<const float4*>(src + i * sp + c);
-  }
-}
-
-/// x[i][.] *= f[i] for rows [0, rows) of a [rows][W] shared matrix of pitch `pitch` (W and pitch
-/// multiples of 4): one warp per row, a float4 per lane.
-__device__ __forceinline__ void bwd_scale_rows(float* x, int pitch, int rows, int W,
-                                               const float* f) {
-  const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  for (int i = threadIdx.x >> 5; i < rows; i += nw)
-    for (int c = 4 * lane; c < W; c += 128) {
-      float4 v = *reinterpret_cast<float4*>(x + i * pitch + c);
-      v.x *= f[i], v.y *= f[i], v.z *= f[i], v.w *= f[i];
-      *reinterpret_cast<float4*>(x + i * pitch + c) = v;
-    }
-}
 
 template <class E>
 __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(const BwdParams bp) {

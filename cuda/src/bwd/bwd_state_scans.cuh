@@ -16,7 +16,8 @@
 // G_j}. Precision: the products of bwd/block_gemm.cuh (fp32 grade, fixed summation order).
 #pragma once
 
-#include "bwd/bwd_prep.cuh"
+#include "bwd/block_gemm.cuh"
+#include "bwd/bwd_tiles.cuh"
 
 namespace kla::kernels {
 
