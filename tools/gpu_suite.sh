@@ -126,7 +126,7 @@ run_mutant() {
     return
   fi
   local t0=$SECONDS rejected="" rcs=""
-  for bin in test_cuda_kernels test_cuda_props test_cuda_accuracy; do
+  for bin in test_cuda_kernels test_cuda_props test_cuda_accuracy test_cuda_backward; do
     local tmp=$OUTDIR/.mutant.log
     echo "===== $step: $bin --kla_path=$pin --kla_mutant=$name" | tee -a "$LOG"
     LD_LIBRARY_PATH=$DIST/mutants:$LD_LIBRARY_PATH RC_PARAMS="max_success=8 noshrink=1" \
@@ -179,6 +179,7 @@ if [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant beta_eps_zero auto
   run_mutant transposed_rescale_missed wy_transposed
   run_mutant tf32_state_16bit tf32
+  run_mutant bwd_carry_no_gamma auto
 fi
 # The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64
 # recurrence, autograd, graphs, torch.compile; against FLA where .whl/fla is carried) on the

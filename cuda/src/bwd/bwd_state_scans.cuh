@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
     }
     for (int idx = tid; idx < K * VS; idx += kBwdThreads) {  // gamma_C dS + Y
       const int r = idx / VS, cc = idx % VS;
-      dS[r * PS + cc] = fmaf(gC, dS[r * PS + cc], Ys[r * PS + cc]);
+      dS[r * PS + cc] =
+          fmaf(KLA_MUTANT(bwd_carry_no_gamma) ? 1.f : gC, dS[r * PS + cc], Ys[r * PS + cc]);
     }
     __syncthreads();
     block_gemm<true, false, true>(K, VS, C, Ws, PK, dU, PS, dS, PS, -1.f);  // - W^T dU

@@ -15,13 +15,18 @@ enum class KernelMutant : int {
   beta_eps_zero,              // common/kernel_common.cuh: at eps = 0, beta uses |k|^2 + 2^-20
   transposed_rescale_missed,  // scan/wy_scan_transposed.cuh: fp16 state rows not rescaled
   tf32_state_16bit,           // scan/tf32_scan.cuh: the state operand rounded to 16 bits
+  bwd_carry_no_gamma,         // bwd/bwd_state_scans.cuh: the state gradient's carry not decayed
   count
 };
 
 /// The mutants' names (kla_testing_set_kernel_mutant, --kla_mutant), index = enum value.
-inline constexpr const char* kKernelMutantNames[] = {
-    "none",          "split_lo_dropped",          "handoff_decay_off_by_one",
-    "beta_eps_zero", "transposed_rescale_missed", "tf32_state_16bit"};
+inline constexpr const char* kKernelMutantNames[] = {"none",
+                                                     "split_lo_dropped",
+                                                     "handoff_decay_off_by_one",
+                                                     "beta_eps_zero",
+                                                     "transposed_rescale_missed",
+                                                     "tf32_state_16bit",
+                                                     "bwd_carry_no_gamma"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
