@@ -74,6 +74,10 @@ TEST(SegmentDouble, PlantedCompositionOrderBreaksTheBound) {
   kla::ref::active_mutant() = Mutant::segment_combine_order;
   const SegmentRun r = segmented_error(rng, {10, 15, 15}, 40);
   kla::ref::active_mutant() = Mutant::none;
-  EXPECT_GT(r.state, 1e6 * r.bound_state);
+  // Composing the maps in the wrong order errs by far more than the derived bound, but how far
+  // varies: the smallest of 1500 seeds was 1.9e5 times, and 2 of 200 seeds fell below the 1e6
+  // this test used to ask (a CI run failed on one). The low tail is segments whose maps nearly
+  // commute. 1e4 times the bound is still far outside anything rounding explains.
+  EXPECT_GT(r.state, 1e4 * r.bound_state) << "ratio " << r.state / r.bound_state;
 }
 #endif
