@@ -398,15 +398,14 @@ kla_status kla_validate_backward(const kla_backward_params* p) {
                     " (struct_size ", sizeof(kla_backward_params),
                     "): the caller was built against another kla.h"));
   const kla_params& fw = p->forward;
+  // The forward's checks, with d_o in o's place (its shape and dtype); what the backward ignores
+  // is cleared first. A forward stamped for another layout is left as it is: kla_validate refuses
+  // it by its stamp before reading any other field.
+  kla_params f = fw;
   if (fw.abi_version == KLA_ABI_VERSION && fw.struct_size == sizeof(kla_params)) {
     if (fw.state_pool)
       return fail(KLA_ERROR_INVALID_VALUE,
                   "backward: forward.state_pool is not differentiable (pass initial_state)");
-  }
-  // The forward's checks, with d_o in o's place (its shape and dtype); what the backward ignores
-  // is cleared first.
-  kla_params f = fw;
-  if (fw.abi_version == KLA_ABI_VERSION && fw.struct_size == sizeof(kla_params)) {
     f.o = const_cast<void*>(p->d_o);  // read only: validated as o
     for (int d = 0; d < 3; ++d) f.o_strides[d] = p->d_o_strides[d];
     f.final_state = nullptr;
