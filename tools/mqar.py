@@ -114,9 +114,60 @@ def train(args, impl, device, train_data, val_data, init_state):
             acc = accuracy(model, vx, vy, args.batch)
             curve.append({"step": step, "loss": loss.item(), "val_accuracy": acc,
                           "seconds": time.time() - t0})
-            print(f"mqar [{impl}] step {step}/{args.steps}: loss {loss.item():.4f}, "
+            print(f"mqar [{impl}, seed {args.seed}] step {step}/{args.steps}: loss {loss.item():.4f}, "
                   f"validation accuracy {acc:.4f} ({time.time() - t0:.0f} s)", flush=True)
     return curve, losses
+
+
+def plot(result, path):
+    """mqar.png: validation accuracy against step, one line per implementation and seed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("mqar: matplotlib not installed, no plot")
+        return
+    a = result["args"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    colors = {"kernels": "tab:blue", "torch": "tab:orange"}
+    for key, curve in result["curves"].items():
+        impl, _, seed = key.partition("/")
+        ax.plot([c["step"] for c in curve], [c["val_accuracy"] for c in curve], marker="o",
+                ms=3, color=colors.get(impl), alpha=0.85,
+                label=f"{impl} seed {seed or a['seed']} (final {curve[-1]['val_accuracy']:.3f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MQAR validation accuracy")
+    ax.set_title(f"2-layer KLA, T={a['seq_len']}, {a['pairs']} pairs, {result['device']}",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def summarize(result):
+    """Per implementation: mean and sample spread of the final accuracies over the seeds, and
+    the paired differences (kernels - torch, same seed: same weights, same batches)."""
+    finals = result["final_val_accuracy"]
+    seeds = sorted({k.partition("/")[2] for k in finals})
+    out = {}
+    for impl in ("kernels", "torch"):
+        xs = [finals[f"{impl}/{s}"] for s in seeds if f"{impl}/{s}" in finals]
+        if xs:
+            mean = sum(xs) / len(xs)
+            sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+            out[impl] = {"mean": mean, "seed_spread": sd, "n": len(xs)}
+    diffs = [finals[f"kernels/{s}"] - finals[f"torch/{s}"] for s in seeds
+             if f"kernels/{s}" in finals and f"torch/{s}" in finals]
+    if diffs:
+        out["paired_difference"] = {"values": diffs, "max_abs": max(abs(d) for d in diffs)}
+    return out
+
+
+def write(result, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "mqar.json"), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def main(argv=None):
@@ -125,6 +176,11 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="out/mqar")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="run seeds seed .. seed+N-1 (data, weights and batches of each), so the "
+                         "seed-to-seed spread shows what 'within noise' means")
+    ap.add_argument("--plot", metavar="MQAR_JSON",
+                    help="only redraw mqar.png (beside the json) from a written mqar.json")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--pairs", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=8192)
@@ -142,46 +198,45 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true",
                     help="a seconds-long CPU configuration (the test's)")
     args = ap.parse_args(argv)
+    if args.plot:
+        with open(args.plot) as f:
+            result = json.load(f)
+        plot(result, os.path.join(os.path.dirname(args.plot) or ".", "mqar.png"))
+        return result
     if args.tiny:
         args.seq_len, args.pairs, args.vocab, args.train, args.val = 32, 4, 64, 256, 64
         args.d_model, args.heads, args.head_dim, args.steps, args.batch = 32, 2, 16, 40, 16
         args.eval_every = 20
+    if args.seeds < 1:
+        raise SystemExit("mqar: --seeds must be at least 1")
     impls = ("kernels", "torch") if args.impl == "both" else (args.impl,)
     if "kernels" in impls and not args.device.startswith("cuda"):
         raise SystemExit("mqar: impl 'kernels' runs on a CUDA device (--device cuda)")
-    gen = torch.Generator().manual_seed(args.seed)
-    train_data = make_mqar(args.train, args.seq_len, args.pairs, args.vocab, gen)
-    val_data = make_mqar(args.val, args.seq_len, args.pairs, args.vocab, gen)
-    torch.manual_seed(args.seed)
-    init = Model(args.vocab, args.d_model, args.layers, args.heads, args.head_dim, "torch")
-    init_state = {k: v.clone() for k, v in init.state_dict().items()}
     result = {"args": vars(args), "device": (torch.cuda.get_device_name()
                                              if args.device.startswith("cuda") else "cpu"),
-              "torch": torch.__version__, "curves": {}, "final_val_accuracy": {}}
-    for impl in impls:
-        curve, losses = train(args, impl, args.device, train_data, val_data, init_state)
-        result["curves"][impl] = curve
-        result.setdefault("train_loss", {})[impl] = losses
-        result["final_val_accuracy"][impl] = curve[-1]["val_accuracy"]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "mqar.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for impl, curve in result["curves"].items():
-            ax.plot([c["step"] for c in curve], [c["val_accuracy"] for c in curve], marker="o",
-                    label=f"{impl} (final {curve[-1]['val_accuracy']:.3f})")
-        ax.set_xlabel("step")
-        ax.set_ylabel("MQAR validation accuracy")
-        ax.set_title(f"2-layer KLA, T={args.seq_len}, {args.pairs} pairs, {result['device']}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "mqar.png"), dpi=120)
-    except ImportError:
-        print("mqar: matplotlib not installed, no plot")
+              "torch": torch.__version__, "curves": {}, "final_val_accuracy": {},
+              "train_loss": {}}
+    base = args.seed
+    for seed in range(base, base + args.seeds):
+        args.seed = seed
+        gen = torch.Generator().manual_seed(seed)
+        train_data = make_mqar(args.train, args.seq_len, args.pairs, args.vocab, gen)
+        val_data = make_mqar(args.val, args.seq_len, args.pairs, args.vocab, gen)
+        torch.manual_seed(seed)
+        init = Model(args.vocab, args.d_model, args.layers, args.heads, args.head_dim, "torch")
+        init_state = {k: v.clone() for k, v in init.state_dict().items()}
+        for impl in impls:
+            curve, losses = train(args, impl, args.device, train_data, val_data, init_state)
+            key = f"{impl}/{seed}"
+            result["curves"][key] = curve
+            result["train_loss"][key] = losses
+            result["final_val_accuracy"][key] = curve[-1]["val_accuracy"]
+            write(result, args.out)  # after every run: a cut-short job keeps what it finished
+    args.seed = base
+    result["args"]["seed"] = base
+    result["summary"] = summarize(result)
+    write(result, args.out)
+    plot(result, os.path.join(args.out, "mqar.png"))
     print("mqar: final validation accuracy " + ", ".join(
         f"{k} {v:.4f}" for k, v in result["final_val_accuracy"].items()) +
         f"; written to {args.out}/mqar.json")

@@ -402,14 +402,27 @@ Outputs run_reference(const Data& d) {
   return out;
 }
 
-/// The magnitude each output is computed from, in o's layout: m = |scale_t| (sum_i S_t[i, j]^2
-/// q_t[i]^2)^(1/2), S_t the state after token t (kla::ref::token_step in double on the same rounded
-/// inputs). A read-out S_t^T q_t whose terms err independently by sigma errs by sigma m, not by
-/// sigma times its own value, which cancellation can make far smaller (tolerance.hpp).
-inline std::vector<double> readout_magnitudes(const Data& d) {
+/// The magnitudes the kernels' sums are formed from (tolerance.hpp), from the recurrence in double
+/// on the same rounded inputs (kla::ref::token_step), S_t the state after token t:
+///  * o, in o's layout: m = |scale_t| (sum_i S_t[i, j]^2 q_t[i]^2)^(1/2). A read-out S_t^T q_t
+///    whose terms err independently by sigma errs by sigma m, not by sigma times its own value,
+///    which cancellation can make far smaller.
+///  * state_peak, one per (sequence, value head): the largest RMS the head's state took over the
+///    sequence, each decayed to the end as the state's own error is (peak_t = max(alpha_t
+///    peak_{t-1}, rms(S_t)), from rms(S_0)). A hand-off sums terms the size of the states it
+///    passes through; where later tokens cancel most of a large state (tiny keys at eps = 0 store
+///    v / |k|, a later key along them removes it) the final state is far smaller than the terms.
+struct Magnitudes {
+  std::vector<double> o, state_peak;
+};
+inline Magnitudes magnitudes(const Data& d) {
   const Config& c = d.cfg;
   const int N = c.N(), group = c.HV / c.H;
-  std::vector<double> m(d.o_elems(), 0.0);
+  Magnitudes out;
+  out.o.assign(d.o_elems(), 0.0);
+  out.state_peak.assign(std::size_t(N) * c.HV, 0.0);
+  std::vector<double>& m = out.o;
+  const double KV = double(c.K) * c.V;
   kla::ref::Options<double> opt;
   opt.eps = c.eps;
   opt.scale = c.resolved_scale();
@@ -430,6 +443,7 @@ inline std::vector<double> readout_magnitudes(const Data& d) {
         for (int j = 0; j < c.V; ++j)
           S(r, j) = d.s0[((int64_t(n) * c.HV + hv) * c.K + r) * c.V + j];
     kla::ref::Vec<double> alpha(c.K), k(c.K), q(c.K), v(c.V);
+    double peak = std::sqrt(S.squaredNorm() / KV);
     for (int64_t t = t0; t < t0 + len; ++t) {
       for (int r = 0; r < c.K; ++r) {
         k(r) = d.k[b * d.qs[0] + t * d.qs[1] + h * d.qs[2] + r];
@@ -443,14 +457,16 @@ inline std::vector<double> readout_magnitudes(const Data& d) {
       alpha.setConstant(d.g.empty() ? 1.0 : std::exp(double(d.g[b * d.gs[0] + t * d.gs[1] + hv])));
       const double eta = d.eta.empty() ? c.eta_value : d.eta[b * d.gs[0] + t * d.gs[1] + hv];
       kla::ref::token_step<double>(S, alpha, k, v, eta, opt);
+      peak = std::max(peak * alpha(0), std::sqrt(S.squaredNorm() / KV));
       const double sc = std::abs(kla::ref::readout_scale<double>(q, opt));
       const kla::ref::Vec<double> q2 = q.cwiseProduct(q);
       for (int j = 0; j < c.V; ++j)
         m[b * d.os[0] + t * d.os[1] + hv * d.os[2] + j] =
             sc * std::sqrt(S.col(j).cwiseProduct(S.col(j)).dot(q2));
     }
+    out.state_peak[std::size_t(n) * c.HV + hv] = peak;
   });
-  return m;
+  return out;
 }
 
 /// Calls fn(i) for the index of every element the comparisons below look at: the valid elements

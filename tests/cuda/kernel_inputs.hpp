@@ -43,6 +43,13 @@ inline float round_to(kla_dtype d, float x) {
   return x;
 }
 
+/// A double (a reference value) rounded to the dtype: through float first, which for bf16 / fp16
+/// can differ from one direct rounding only at a tie, where either neighbour serves the bounds
+/// that use it (any representable value would do: tolerance.hpp).
+inline double rounded_ref(kla_dtype d, double r) {
+  return double(round_to(d, float(r)));
+}
+
 /// n floats in the dtype's storage (rounded as round_to does), ready to copy to the device.
 inline std::vector<unsigned char> encode(kla_dtype d, const float* x, std::size_t n) {
   const std::size_t es = dtype_size(d);

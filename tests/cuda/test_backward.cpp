@@ -28,12 +28,16 @@
 // 2^-8 bf16, 2^-11 fp16, 2^-24 fp32); dg, deta and d_initial_state are stored in fp32. Per
 // gradient
 //
-//   rel-RMS <= u_out + sqrt(n_h) (c_family + c_G G_max)
+//   rel-RMS <= rd + f sqrt(n_h) (c_family + c_G G_max)
 //
-// * u_out, the final rounding: u_d for dq, dk, dv; u32 for dg, deta, dh0. A rounding to nearest
-//   errs by at most u relatively (by about u / sqrt(3) in RMS: 0.43 u measured on these cases);
-//   u is taken whole. For bf16 / fp16 this term dominates: the arithmetic terms below add about 1%
-//   to it, up to 10% for fp16 under strong decay.
+// * rd, the final rounding, as this very sample pays it: ||y - ref|| / ||ref|| with y the
+//   reference rounded to the stored type (the dtype for dq, dk, dv; fp32 for dg, deta, dh0). For
+//   any representable y the stored value o (the nearest to the kernel's unrounded o^) satisfies
+//   |o - o^| <= |y - o^|, so |o - ref| <= |y - ref| + 2 |o^ - ref|: f = 2 for bf16 / fp16 dq, dk,
+//   dv (rounded by the kernel), f = 1 where the fp32 result is stored as it is. For bf16 / fp16
+//   rd dominates (about 0.43 u_d on these cases), so the bound sits within a few percent of what
+//   the rounding alone gives and any arithmetic error shows (the forward's outputs, checks.hpp,
+//   are bounded the same way).
 // * sqrt(n_h), n_h = ceil(T_max / 64) chunks of the longest sequence: every chunk hands the
 //   recomputed state forward and the state gradient backward to the next one through a few fp32
 //   products; their errors are independent and add in RMS over the hand-offs. No credit is taken
@@ -47,13 +51,19 @@
 //   whose terms exceed their sum; deta through the Kaczmarz chain's subtractions). Cross-check on
 //   the CPU: the reference's chunk form evaluated in float (grad_chunk.hpp, one rounding per
 //   operation) errs on these cases by at most 6 u32 in dq, dk, dv, deta and dh0 and by 5 to 18
-//   u32 in dg, over the whole sequence. The constants below are a few times that per chunk, one per
-//   family, to be tuned on the measured table.
+//   u32 in dg, over the whole sequence.
 // * c_G G_max, the decay. G, the inclusive cumulative log decay of a chunk (a six-level fp32
 //   scan), errs by about u32 |G|, and every factor Gamma_ij = exp(G_i - G_j), e^G_i, gamma_C built
-//   from it errs relatively by as much for each endpoint: c_G = 2 u32 per unit of G_max, the
-//   largest |sum of g| over one chunk of the data (about 160 for per-token log decays down to -5,
-//   about 10 for the mild, logsigmoid-like decays, 0 without decay).
+//   from it errs relatively by as much for each endpoint; G_max is the largest |sum of g| over one
+//   chunk of the data (about 180 for per-token log decays down to -5, about 10 for the mild,
+//   logsigmoid-like decays, 0 without decay). Most of the terms a gradient sums span far less than
+//   a whole chunk's G (strong decays forget within a few tokens), so the measured cost is about
+//   0.25 u32 per unit of G_max, not 2 u32.
+// The constants are 1.5 times the worst measured on an H200 (four runs of this binary, 24 cases a
+// dtype, the kernels of c0cbf8d: docs/accuracy.md has the table): per chunk 9.4 u32 for dq, dk,
+// dv, 8.5 u32 for dg, deta, 3.1 u32 for dh0 without decay, 0.25 u32 per unit of G_max under strong
+// decay. dh0 under strong decay is far below its bound (it is made of the first tokens' terms,
+// whose decays are small): the decay term is the one shared constant, so that row stays loose.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,10 +96,10 @@ using Mat = kla::ref::Mat<T>;
 
 // The bounds' constants (file comment): the fp32 error per chunk of each gradient family, and per
 // unit of the largest cumulative log decay of a chunk.
-constexpr double kGrowthOutputs = kU32 * 32;  // dq, dk, dv
-constexpr double kGrowthGates = kU32 * 128;   // dg, deta
-constexpr double kGrowthState = kU32 * 32;    // d_initial_state
-constexpr double kDecayGrowth = kU32 * 2;     // c_G
+constexpr double kGrowthOutputs = kU32 * 14;  // dq, dk, dv
+constexpr double kGrowthGates = kU32 * 13;    // dg, deta
+constexpr double kGrowthState = kU32 * 5;     // d_initial_state
+constexpr double kDecayGrowth = kU32 * 0.4;   // c_G
 constexpr int kChunkLen = 64;                 // the backward's chunk (tokens)
 
 enum Grad : int { kDq, kDk, kDv, kDg, kDeta, kDh0, kGrads };
@@ -470,14 +480,27 @@ Gradients gather_outputs(const Problem& p,
   return out;
 }
 
-/// The bound of gradient `g` of problem `p` (file comment).
-double bound_for(const Problem& p, Grad g) {
+/// ||y - ref|| / ||ref||, y = ref rounded to the type gradient `g` is stored in (file comment, rd).
+double rounding_cost(const Problem& p, Grad g, const std::vector<double>& ref) {
+  const bool in_dtype = g == kDq || g == kDk || g == kDv;
+  const kla_dtype stored = in_dtype ? p.d.cfg.dtype : KLA_DTYPE_FP32;
+  double num = 0, den = 0;
+  for (double r : ref) {
+    const double e = rounded_ref(stored, r) - r;
+    num += e * e;
+    den += r * r;
+  }
+  return den > 0 ? std::sqrt(num / den) : 0.0;
+}
+
+/// The bound of gradient `g` of problem `p` whose reference is `ref` (file comment).
+double bound_for(const Problem& p, Grad g, const std::vector<double>& ref) {
   const Config& c = p.d.cfg;
   const bool in_dtype = g == kDq || g == kDk || g == kDv;
-  const double u_out = in_dtype ? unit_roundoff(c.dtype) : kU32;
+  const double f = in_dtype && c.dtype != KLA_DTYPE_FP32 ? 2.0 : 1.0;
   const double family = in_dtype ? kGrowthOutputs : g == kDh0 ? kGrowthState : kGrowthGates;
   const int n_h = std::max(1, (c.longest() + kChunkLen - 1) / kChunkLen);
-  return u_out + std::sqrt(double(n_h)) * (family + kDecayGrowth * p.g_max);
+  return rounding_cost(p, g, ref) + f * std::sqrt(double(n_h)) * (family + kDecayGrowth * p.g_max);
 }
 
 /// The largest finite value of a dtype: a reference beyond it cannot be stored.
@@ -685,11 +708,13 @@ void expect_cases_match_reference(kla_dtype dt) {
       }
       bool ref_zero = false;
       const double rel = relative_rms(got[i][g], ref[g], ref_zero);
-      const double bound = bound_for(p, Grad(g));
+      const double bound = bound_for(p, Grad(g), ref[g]);
       const bool ok = rel <= bound;
-      std::printf("  %-32s %-4s %-4s rel-RMS %.3e  bound %.3e%s%s\n", p.c.name.c_str(),
-                  dtype_name(dt), kGradNames[g], rel, bound, ref_zero ? "  (ref 0: exact 0)" : "",
-                  ok ? "" : "  FAIL");
+      // n_h and G_max too, so the constants can be fitted to the measured table (file comment).
+      std::printf("  %-32s %-4s %-4s rel-RMS %.3e  bound %.3e  n_h %d  G_max %.3g%s%s\n",
+                  p.c.name.c_str(), dtype_name(dt), kGradNames[g], rel, bound,
+                  std::max(1, (p.d.cfg.longest() + kChunkLen - 1) / kChunkLen), p.g_max,
+                  ref_zero ? "  (ref 0: exact 0)" : "", ok ? "" : "  FAIL");
       EXPECT_LE(rel, bound) << kGradNames[g] << " of " << what
                             << (ref_zero ? ": the reference is 0, the kernel's is not" : "") << " "
                             << rerun_hint();

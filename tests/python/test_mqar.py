@@ -37,11 +37,26 @@ def test_generator_asks_for_the_value_of_each_key():
 
 def test_tiny_training_run_learns_and_writes_its_result(tmp_path):
     r = mqar.main(["--impl", "torch", "--device", "cpu", "--tiny", "--out", str(tmp_path)])
-    losses = r["train_loss"]["torch"]
+    losses = r["train_loss"]["torch/42"]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.1, losses
     saved = json.loads((tmp_path / "mqar.json").read_text())
-    assert [c["step"] for c in saved["curves"]["torch"]] == [20, 40]
-    assert saved["final_val_accuracy"]["torch"] == r["final_val_accuracy"]["torch"]
+    assert [c["step"] for c in saved["curves"]["torch/42"]] == [20, 40]
+    assert saved["final_val_accuracy"]["torch/42"] == r["final_val_accuracy"]["torch/42"]
+    assert saved["summary"]["torch"]["n"] == 1
+
+
+def test_seeds_give_a_spread_and_the_plot_can_be_redrawn(tmp_path):
+    r = mqar.main(["--impl", "torch", "--device", "cpu", "--tiny", "--seeds", "2",
+                   "--steps", "20", "--out", str(tmp_path)])
+    assert sorted(r["final_val_accuracy"]) == ["torch/42", "torch/43"]
+    s = r["summary"]["torch"]
+    xs = list(r["final_val_accuracy"].values())
+    assert s["n"] == 2 and abs(s["mean"] - sum(xs) / 2) < 1e-12
+    assert abs(s["seed_spread"] - abs(xs[0] - xs[1]) / 2 ** 0.5) < 1e-12
+    again = mqar.main(["--plot", str(tmp_path / "mqar.json")])
+    assert again["final_val_accuracy"] == r["final_val_accuracy"]
+    with pytest.raises(SystemExit, match="at least 1"):
+        mqar.main(["--impl", "torch", "--device", "cpu", "--tiny", "--seeds", "0"])
 
 
 def test_kernels_need_a_cuda_device(tmp_path):

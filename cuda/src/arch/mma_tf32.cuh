@@ -1,6 +1,8 @@
 // TF32 tensor-core building blocks (mma.sync m16n8k8, fp32 accumulation) of the TF32 path and of
-// both preps' triangular inverse: fp32 values split into hi = tf32(x) and lo = tf32(x - hi) (about
-// 21 significant bits together), fragments loaded in a permuted k order (two elements a load).
+// both preps' triangular inverse: fp32 values split into hi = tf32(x), rounded, and lo = x - hi,
+// exact in fp32, of which the tensor core reads the TF32 bits (it ignores the low 13: lo
+// truncated, below 2^-10 of lo, 2^-21 of x), so about 21 significant bits together, at three
+// instructions an element; fragments loaded in a permuted k order (two elements a load).
 //
 // Fragment conventions (PTX ISA, mma.m16n8k8.tf32, g = lane / 4, t = lane % 4): A (16 x 8) a0
 // (g, k t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B (8 x 8) b0 (k t, n g), b1 (k t+4, n g);
@@ -13,10 +15,17 @@
 
 namespace kla::kernels {
 
+/// x rounded to TF32 (nearest, ties away, on the bit pattern). A NaN can come out as any value (the
+/// carry turns the canonical 0x7fffffff into -0); split_lo keeps it a NaN.
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
-  // Round to nearest (ties away) on the bit pattern; a NaN stays a NaN (the rounding carry would
-  // turn the canonical 0x7fffffff into -0: docs/bad_input.md, 'Values').
-  return x != x ? 0x7fffe000u : (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+/// lo = x - hi as an fp32 pattern (exact), read by the tensor core as its TF32 bits. For a NaN x
+/// it is the canonical NaN 0x7fffffff (an fp32 subtraction returns it for any NaN operand), whose
+/// TF32 bits are a NaN: every split product carries a lo term, so NaN stays NaN whatever hi became
+/// (docs/bad_input.md, 'Values').
+__device__ __forceinline__ uint32_t split_lo(float x, uint32_t hi) {
+  return __float_as_uint(x - __uint_as_float(hi));
 }
 
 struct FragA {
@@ -41,7 +50,7 @@ __device__ __forceinline__ void set_frag(uint32_t& h, uint32_t& l, T v) {
   const float x = tof(v);
   if constexpr (kSplit) {
     h = tf32_bits(x);
-    l = tf32_bits(x - __uint_as_float(h));
+    l = split_lo(x, h);
   } else {
     h = __float_as_uint(x);  // already exact in TF32 (a bf16 / fp16 value)
     l = 0u;
@@ -51,7 +60,7 @@ __device__ __forceinline__ void set_frag(uint32_t& h, uint32_t& l, T v) {
 __device__ __forceinline__ void store_split(uint32_t* hi, uint32_t* lo, int idx, float x) {
   const uint32_t h = tf32_bits(x);
   hi[idx] = h;
-  lo[idx] = tf32_bits(x - __uint_as_float(h));
+  lo[idx] = split_lo(x, h);
 }
 
 // Permuted k order. Within one 8-wide k step the products only need A and B to agree on

@@ -138,11 +138,15 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
     block_gemm<false, false, false>(C, VS, K, Khs, PK, dS, PS, dU, PS, 1.f);  // K^ dS
     __syncthreads();
     const float gC = expf(Gs[C - 1]);
-    for (int idx = tid; idx < C * VS; idx += kBwdThreads) {  // dU = Gamma_C. K^ dS + X, out
-      const int i = idx / VS, cc = idx % VS;
-      const float x = fmaf(expf(Gs[C - 1] - Gs[i]), dU[i * PS + cc], Xs[i * PS + cc]);
-      dU[i * PS + cc] = x;
-      rec[R.du + int64_t(i) * V + c0 + cc] = x;
+    for (int idx = tid; idx < C * (VS / 4); idx += kBwdThreads) {  // dU = Gamma_C. K^ dS + X
+      const int i = idx / (VS / 4), cc = (idx % (VS / 4)) * 4;
+      const float gci = expf(Gs[C - 1] - Gs[i]);  // one factor for the row's four columns
+      const float4 du = *reinterpret_cast<const float4*>(dU + i * PS + cc);
+      const float4 xs = *reinterpret_cast<const float4*>(Xs + i * PS + cc);
+      const float4 x = make_float4(fmaf(gci, du.x, xs.x), fmaf(gci, du.y, xs.y),
+                                   fmaf(gci, du.z, xs.z), fmaf(gci, du.w, xs.w));
+      *reinterpret_cast<float4*>(dU + i * PS + cc) = x;
+      *reinterpret_cast<float4*>(rec + R.du + int64_t(i) * V + c0 + cc) = x;
     }
     for (int idx = tid; idx < K * VS; idx += kBwdThreads) {  // gamma_C dS + Y
       const int r = idx / VS, cc = idx % VS;
