@@ -178,7 +178,7 @@ if [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant handoff_decay_off_by_one wy
   run_mutant beta_eps_zero auto
   run_mutant transposed_rescale_missed wy_transposed
-  run_mutant tf32_state_16bit tf32
+  run_mutant tf32_fast_grade tf32
   run_mutant bwd_carry_no_gamma auto
 fi
 # The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64

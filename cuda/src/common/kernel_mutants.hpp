@@ -14,7 +14,7 @@ enum class KernelMutant : int {
   handoff_decay_off_by_one,   // prep/wy_prep.cuh: the chunk's carry decays by gamma_{L-1}
   beta_eps_zero,              // common/kernel_common.cuh: at eps = 0, beta uses |k|^2 + 2^-20
   transposed_rescale_missed,  // scan/wy_scan_transposed.cuh: fp16 state rows not rescaled
-  tf32_state_16bit,           // scan/tf32_scan.cuh: the state operand rounded to 16 bits
+  tf32_fast_grade,            // scan/tf32_scan.cuh: K, Q and the state operand at 16 bits
   bwd_carry_no_gamma,         // bwd/bwd_state_scans.cuh: the state gradient's carry not decayed
   count
 };
@@ -25,7 +25,7 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "handoff_decay_off_by_one",
                                                      "beta_eps_zero",
                                                      "transposed_rescale_missed",
-                                                     "tf32_state_16bit",
+                                                     "tf32_fast_grade",
                                                      "bwd_carry_no_gamma"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));

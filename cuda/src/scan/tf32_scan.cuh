@@ -141,6 +141,16 @@ __global__ void __launch_bounds__(kTf32ScanThreads, 1)
       cp_wait<0>();
       __syncthreads();
     }
+    if constexpr (kSplitIn) {
+      if (KLA_MUTANT(tf32_fast_grade)) {  // K and Q as bf16 hi + lo (16 bits), in place
+        E* kq = stage_k(st);              // the K and Q tiles: [2][C][KP], contiguous
+        for (int idx = tid; idx < 2 * C * KP; idx += kTf32ScanThreads) {
+          const float x = kq[idx], hi = __bfloat162float(__float2bfloat16_rn(x));
+          kq[idx] = hi + __bfloat162float(__float2bfloat16_rn(x - hi));
+        }
+        __syncthreads();
+      }
+    }
     const E* Ks = stage_k(st);
     const E* Qs = stage_q(st);
     const E* Vs = stage_v(st);
@@ -239,7 +249,7 @@ __global__ void __launch_bounds__(kTf32ScanThreads, 1)
             const int r = mi * 16 + g + (e >> 1) * 8, cc = nj * 8 + 2 * t4 + (e & 1);
             const float x = (d0[e] + d1[e]) + d2[e];
             Ss[r * SP + cc] = x;
-            if (KLA_MUTANT(tf32_state_16bit)) {  // the operand as bf16 hi + lo (16 bits)
+            if (KLA_MUTANT(tf32_fast_grade)) {  // the operand as bf16 hi + lo (16 bits)
               const float h = __bfloat162float(__float2bfloat16_rn(x));
               store_split(Sh, Sl, r * SP + cc, h + __bfloat162float(__float2bfloat16_rn(x - h)));
             } else {
