@@ -114,8 +114,8 @@ def train(args, impl, device, train_data, val_data, init_state):
             acc = accuracy(model, vx, vy, args.batch)
             curve.append({"step": step, "loss": loss.item(), "val_accuracy": acc,
                           "seconds": time.time() - t0})
-            print(f"mqar [{impl}, seed {args.seed}] step {step}/{args.steps}: loss {loss.item():.4f}, "
-                  f"validation accuracy {acc:.4f} ({time.time() - t0:.0f} s)", flush=True)
+            print(f"mqar [{impl}, seed {args.seed}] step {step}/{args.steps}: "
+                  f"loss {loss.item():.4f}, validation accuracy {acc:.4f} ({time.time() - t0:.0f} s)", flush=True)
     return curve, losses
 
 

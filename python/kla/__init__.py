@@ -10,7 +10,7 @@ Importing kla loads no library and needs no GPU; the first kernel call (or kla.p
 kla.library_info) loads libkla_cuda.so.4 and checks its ABI.
 """
 from . import ops  # noqa: F401  (registers torch.ops.kla.*)
-from . import nn, torch_impl  # noqa: F401  (kla.nn.KLA, kla.torch_impl.chunk_kla)
+from . import cp, nn, torch_impl  # noqa: F401  (kla.cp, kla.nn.KLA, kla.torch_impl.chunk_kla)
 from ._lib import KlaError, KlaLibraryError, is_available
 from ._params import ABI_VERSION
 from ._plan import A100, H100, H200, DeviceInfo, Plan, device_info, plan

@@ -388,7 +388,8 @@ def _check_gdn_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval, cp_context):
     if allow_neg_eigval:
         _unsupported("allow_neg_eigval", True, "pass 2 * beta.sigmoid() as beta")
     if cp_context is not None:
-        _unsupported("cp_context", "<FLACPContext>", "context-parallel prefill is not in kla yet")
+        _unsupported("cp_context", "<FLACPContext>", "context parallelism is "
+                     "kla.cp.chunk_gated_delta_rule_cp (a process group, a time shard a rank)")
 
 
 chunk_gdn = chunk_gated_delta_rule

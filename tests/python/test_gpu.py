@@ -520,3 +520,40 @@ def test_eager_fast_path_equals_the_op(monkeypatch):
     o4, h4 = torch.ops.kla.recurrent_fwd(q, k, v, g, eta, h0, None, None, K ** -0.5, 0.0, 1.0,
                                          1, 0, True)
     assert torch.equal(o3, o4) and torch.equal(h3, h4)
+
+
+# ---- context parallelism (kla.cp), ranks simulated on this one GPU ------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_context_parallel_simulated_ranks(dtype):
+    """kla.cp.simulate through the kernels: one sequence of 300 tokens in four shards (90, 1, 130,
+    79 tokens: a one-token rank, shards off the 64-token chunk grid), against the float64
+    recurrence and its autograd gradients on the same rounded inputs. Bounds as the single pass
+    (check / test_autograd_matches_float64_gradients), the gradients' fp32 allowance 4e-6
+    instead of 1.5e-6: every segment's backward starts from a state and a state gradient that the
+    fold composed from the kernels' transitions (each fp32-grade, about 1e-6 relative)."""
+    import kla.cp as cp
+    from kla import _params as P
+    B, T, H, HV, K, V = 1, 300, 2, 4, 64, 64
+    lens = [90, 1, 130, 79]
+    q, k, v, g, eta = inputs(B, T, H, HV, K, V, dtype, seed=90)
+    h0 = state0(B, HV, K, V, seed=91)
+    gen = torch.Generator(device=DEV).manual_seed(92)
+    do = torch.randn(B, T, HV, V, device=DEV, generator=gen).to(dtype)
+    dht = torch.randn(B, HV, K, V, device=DEV, generator=gen)
+    segs, s = [], 0
+    for n in lens:
+        sl = slice(s, s + n)
+        s += n
+        segs.append(cp.Segment(q[:, sl], k[:, sl], v[:, sl], g[:, sl], eta[:, sl], 1e-6, None,
+                               "scale", False, P.COEFF_KACZMARZ, impl="kernels"))
+    cuts = [do[:, sum(lens[:r]):sum(lens[:r + 1])] for r in range(len(lens))]
+    outs, final, grads, d_h0 = cp.simulate(segs, h0, cuts, dht)
+    ro, rt = recurrence(q, k, v, g, eta, eps=1e-6, initial_state=h0)
+    check(torch.cat(outs, 1), ro, dtype, final, rt)
+    want = gradients(q, k, v, g, eta, h0, do, dht, eps=1e-6)
+    got = [torch.cat([gr[i] for gr in grads], 1) for i in range(5)] + [d_h0]
+    for name, x, ref in zip(("dq", "dk", "dv", "dg", "deta", "dh0"), got, want):
+        bound = rel_rms(ref.to(x.dtype), ref) + 4e-6
+        err = rel_rms(x, ref)
+        print(f"cp {dtype} {name}: relative RMS {err:.3e} (bound {bound:.3e})")
+        assert err <= bound, f"cp {dtype} {name}: relative RMS {err:.3e} > {bound:.3e}"

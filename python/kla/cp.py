@@ -1,0 +1,258 @@
+"""Context parallelism: one sequence split over ranks along time, each rank holding a contiguous
+shard, forward and backward (issue 27).
+
+    o, final = kla.cp.chunk_kla_cp(q, k, v, g, eta, group=group, output_final_state=True)
+
+Every rank passes its shard of every sequence (q, k [B, T_r, H, K], v [B, T_r, HV, V], g and a
+tensor eta [B, T_r, HV]; rank r holds tokens r*T_r .. (r+1)*T_r - 1 of each of the B sequences in
+the group's rank order; shards may differ in length) and gets its own outputs o [B, T_r, HV, V]
+and, with output_final_state, the whole sequences' final state [B, HV, K, V] (the same on every
+rank). initial_state, if given, is the sequences' initial state and must be the same on every
+rank; its gradient, like the final state's value, is the whole one on every rank (replicated
+tensors, as data parallelism keeps parameters).
+
+The algebra (SPEC section 1; proofs_check `seg.combine` states it exactly in rationals): a
+segment maps its incoming state affinely, S_out = A S_in + L, A = prod_t alpha_t (I - beta_t k_t
+k_t^T) the segment's [K, K] transition (the same for every value column) and L its final state from
+a zero state. Forward, per rank: (A, L) from two kernel calls (L from a zero state; A as the final
+state of the segment run on zero values from the identity, [K, K]), an all-gather of every rank's
+(A, L), the fold S_in(r+1) = A_r S_in(r) + L_r in float64, then the segment's outputs from its true
+incoming state. Backward, the mirror image: the segment's backward from its true incoming state
+with no final-state gradient gives d S_in(r) of its own outputs, an all-gather of those, the
+reverse fold G_{r-1} = A_r^T G_r + dS_in_local(r) from the final state's gradient, then the
+segment's backward with dO and G_r gives its inputs' gradients (each segment backward recomputes
+its forward through autograd). Costs per rank, beside the collectives: three forward calls
+forward, two forward and two backward calls backward, all on T_r tokens.
+
+The library itself stays communication-free (docs/python.md, 'Context parallelism'): the pieces
+are `segment_maps`, `fold_states`, `segment_forward`, `segment_backward` and `fold_gradients`,
+which `simulate` composes in one process (the tests: every rank on one device, any impl), and
+`chunk_kla_cp` / `chunk_gated_delta_rule_cp` through torch.distributed (all-gathers over the
+group: NCCL on GPUs, gloo on CPUs), differentiable with torch.autograd. impl "kernels" runs
+kla.chunk_kla (CUDA), "torch" kla.torch_impl (any device). Not supported yet: cu_seqlens (packed
+sequences across ranks), state_v_first.
+"""
+import torch
+
+from . import _params as P
+
+
+class Segment:
+    """One rank's shard and the call's settings: what a segment's forward and backward need."""
+
+    def __init__(self, q, k, v, g, eta, eps, scale, readout, use_qk_l2norm_in_kernel,
+                 coefficient, fp32_math="accurate", impl="kernels"):
+        if impl not in ("kernels", "torch"):
+            raise ValueError(f"kla.cp: impl must be 'kernels' or 'torch', got {impl!r}")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise ValueError(f"kla.cp: {name} must be a [B, T, heads, dim] tensor")
+        if q.shape[:2] != v.shape[:2] or k.shape != q.shape:
+            raise ValueError(f"kla.cp: q, k [B, T, H, K] and v [B, T, HV, V] must agree on B and "
+                             f"T, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if coefficient == P.COEFF_GIVEN and not isinstance(eta, torch.Tensor):
+            raise ValueError("kla.cp: chunk_gated_delta_rule_cp needs beta ([B, T, HV])")
+        self.q, self.k, self.v, self.g, self.eta = q, k, v, g, eta
+        self.eps, self.scale, self.readout = eps, scale, readout
+        self.qk_norm, self.coefficient = use_qk_l2norm_in_kernel, coefficient
+        self.fp32_math, self.impl = fp32_math, impl
+
+    @property
+    def state_dtype(self):
+        """The states' dtype: fp32 (the kernels'), float64 for float64 inputs (impl 'torch')."""
+        return torch.float64 if self.q.dtype == torch.float64 else torch.float32
+
+    @property
+    def shape(self):
+        B, _, _, K = self.q.shape
+        return B, self.v.shape[2], K, self.v.shape[3]
+
+    def run(self, q, k, v, g, eta, h0):
+        """(o, final_state) of this segment's tokens from state h0 (None: zero)."""
+        if self.impl == "kernels":
+            from . import api as fn
+            extra = dict(fp32_math=self.fp32_math)
+        else:
+            from . import torch_impl as fn
+            extra = {}
+        if self.coefficient == P.COEFF_GIVEN:
+            return fn.chunk_gated_delta_rule(q, k, v, g, eta, scale=self.scale, initial_state=h0,
+                                             output_final_state=True,
+                                             use_qk_l2norm_in_kernel=self.qk_norm, **extra)
+        return fn.chunk_kla(q, k, v, g, eta, eps=self.eps, scale=self.scale, initial_state=h0,
+                            output_final_state=True, use_qk_l2norm_in_kernel=self.qk_norm,
+                            readout=self.readout, **extra)
+
+
+def segment_maps(seg):
+    """(A [B, HV, K, K], L [B, HV, K, V]) in the states' dtype: the segment's transition and its
+    final state from a zero state, S_out = A S_in + L. A is the final state of the segment run on
+    zero values from the identity (the map's linear part, the same for every value column)."""
+    B, HV, K, V = seg.shape
+    with torch.no_grad():
+        _, L = seg.run(seg.q, seg.k, seg.v, seg.g, seg.eta, None)
+        zeros = seg.v.new_zeros(B, seg.v.shape[1], HV, K)
+        eye = torch.eye(K, dtype=seg.state_dtype, device=seg.q.device).expand(B, HV, K, K)
+        _, A = seg.run(seg.q, seg.k, zeros, seg.g, seg.eta, eye.contiguous())
+    return A.to(seg.state_dtype), L.to(seg.state_dtype)
+
+
+def fold_states(maps, h0):
+    """The incoming state of every segment and the final state, from every segment's (A, L) in
+    order: S_in(0) = h0 (None: zero), S_in(r+1) = A_r S_in(r) + L_r, in float64. Returns (list of
+    [B, HV, K, V], final), in the maps' dtype."""
+    dt = maps[0][1].dtype
+    s = torch.zeros_like(maps[0][1], dtype=torch.float64) if h0 is None else h0.to(torch.float64)
+    ins = []
+    for A, L in maps:
+        ins.append(s.to(dt))
+        s = torch.matmul(A.to(torch.float64), s) + L.to(torch.float64)
+    return ins, s.to(dt)
+
+
+def segment_forward(seg, s_in):
+    """(o, S_out) of the segment from its true incoming state."""
+    with torch.no_grad():
+        return seg.run(seg.q, seg.k, seg.v, seg.g, seg.eta, s_in)
+
+
+def _leaves(seg, s_in):
+    ts = [seg.q, seg.k, seg.v, seg.g, seg.eta, s_in]
+    return [t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) else t for t in ts]
+
+
+def segment_backward(seg, s_in, d_o, d_out):
+    """Gradients (dq, dk, dv, dg, deta, dS_in) of the segment, from its incoming state s_in, given
+    dO and the gradient d_out of its outgoing state (None: zero), by autograd through the
+    segment's forward (recomputed). Entries are None where the input is None or not a tensor."""
+    with torch.enable_grad():
+        leaves = _leaves(seg, s_in)
+        o, s_out = seg.run(*leaves)
+        want = [t for t in leaves if isinstance(t, torch.Tensor)]
+        outs, grads_out = [o], [d_o]
+        if d_out is not None:
+            outs.append(s_out)
+            grads_out.append(d_out.to(s_out.dtype))
+        got = iter(torch.autograd.grad(outs, want, grads_out, allow_unused=True))
+        res = [next(got) if isinstance(t, torch.Tensor) else None for t in leaves]
+    # An input the outputs do not depend on (an empty segment's state) has the gradient zero.
+    return [torch.zeros_like(t) if r is None and isinstance(t, torch.Tensor) else
+            (r if r is None else r.detach()) for r, t in zip(res, leaves)]
+
+
+def fold_gradients(maps, d_locals, d_final):
+    """The gradient of every segment's outgoing state, from every segment's (A, L) and dS_in of
+    its own outputs (d_locals), and the final state's gradient (None: zero): G_last = d_final,
+    G_{r-1} = A_r^T G_r + d_locals[r], in float64. Returns (list of G_r, the initial state's
+    gradient A_0^T G_0 + d_locals[0]), in d_locals' dtype."""
+    dt = d_locals[0].dtype
+    g = (torch.zeros_like(d_locals[-1], dtype=torch.float64) if d_final is None
+         else d_final.to(torch.float64))
+    outs = [None] * len(maps)
+    for r in range(len(maps) - 1, -1, -1):
+        outs[r] = g.to(dt)
+        g = torch.matmul(maps[r][0].to(torch.float64).transpose(-1, -2), g) + \
+            d_locals[r].to(torch.float64)
+    return outs, g.to(dt)
+
+
+def simulate(segments, h0=None, d_os=None, d_final=None):
+    """Every rank of a context-parallel call in one process, in rank order, through the same
+    pieces as chunk_kla_cp (the tests). Returns (list of o, final state) and, with d_os (one dO a
+    segment), also (list of per-segment gradients [dq, dk, dv, dg, deta], the initial state's
+    gradient)."""
+    maps = [segment_maps(s) for s in segments]
+    ins, final = fold_states(maps, h0)
+    outs = [segment_forward(s, x)[0] for s, x in zip(segments, ins)]
+    if d_os is None:
+        return outs, final
+    d_locals = [segment_backward(s, x, d, None)[5] for s, x, d in zip(segments, ins, d_os)]
+    g_outs, d_h0 = fold_gradients(maps, d_locals, d_final)
+    grads = [segment_backward(s, x, d, gr)[:5]
+             for s, x, d, gr in zip(segments, ins, d_os, g_outs)]
+    return outs, final, grads, d_h0
+
+
+def _all_gather(t, group):
+    import torch.distributed as dist
+    world = dist.get_world_size(group)
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return parts
+
+
+class _ContextParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, seg, group, h0, q, k, v, g, eta):
+        import torch.distributed as dist
+        A, L = segment_maps(seg)
+        both = _all_gather(torch.cat([A, L], dim=-1), group)
+        K = A.shape[-1]
+        maps = [(x[..., :K], x[..., K:]) for x in both]
+        ins, final = fold_states(maps, h0)
+        rank = dist.get_rank(group)
+        o, _ = segment_forward(seg, ins[rank])
+        ctx.seg, ctx.group, ctx.rank, ctx.maps = seg, group, rank, maps
+        ctx.h0_given = h0 is not None
+        ctx.save_for_backward(ins[rank])
+        return o, final
+
+    @staticmethod
+    def backward(ctx, d_o, d_final):
+        import torch.distributed as dist
+        (s_in,) = ctx.saved_tensors
+        seg, group, rank, maps = ctx.seg, ctx.group, ctx.rank, ctx.maps
+        if d_o is None:
+            d_o = seg.v.new_zeros(seg.v.shape)
+        # The final state is replicated: its gradient is the sum of every copy's.
+        df = (torch.zeros_like(maps[0][1]) if d_final is None
+              else d_final.to(maps[0][1].dtype).contiguous())
+        dist.all_reduce(df, group=group)
+        d_local = segment_backward(seg, s_in, d_o, None)[5]
+        g_outs, d_h0 = fold_gradients(maps, _all_gather(d_local, group), df)
+        dq, dk, dv, dg, deta = segment_backward(seg, s_in, d_o, g_outs[rank])[:5]
+        return (None, None, d_h0 if ctx.h0_given else None, dq, dk, dv, dg, deta)
+
+
+def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        group, readout, coefficient, fp32_math, impl, cu_seqlens):
+    import torch.distributed as dist
+    if cu_seqlens is not None:
+        raise NotImplementedError("kla.cp: cu_seqlens (packed sequences across ranks) is not "
+                                  "supported yet; pass [B, T_r, ...] shards of B sequences")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("kla.cp: torch.distributed is not initialised (init_process_group "
+                           "first; kla.cp.simulate runs the ranks in one process)")
+    seg = Segment(q, k, v, g, eta, eps, scale, readout, use_qk_l2norm_in_kernel, coefficient,
+                  fp32_math, impl)
+    B, HV, K, V = seg.shape
+    h0 = None
+    if initial_state is not None:
+        if tuple(initial_state.shape) != (B, HV, K, V):
+            raise ValueError(f"kla.cp: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}, "
+                             f"got {tuple(initial_state.shape)}")
+        h0 = initial_state.to(seg.state_dtype)
+    o, final = _ContextParallel.apply(seg, group, h0, q, k, v, g, eta)
+    return o, (final if output_final_state else None)
+
+
+def chunk_kla_cp(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
+                 output_final_state=False, use_qk_l2norm_in_kernel=False, *, group=None,
+                 readout="scale", fp32_math="accurate", impl="kernels", cu_seqlens=None):
+    """kla.chunk_kla over a sequence sharded along time across `group` (module docstring).
+    Returns (o of this rank's shard, the whole sequences' final state or None)."""
+    return _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state,
+               use_qk_l2norm_in_kernel, group, readout, P.COEFF_KACZMARZ, fp32_math, impl,
+               cu_seqlens)
+
+
+def chunk_gated_delta_rule_cp(q, k, v, g, beta, scale=None, initial_state=None,
+                              output_final_state=False, use_qk_l2norm_in_kernel=False, *,
+                              group=None, fp32_math="accurate", impl="kernels", cu_seqlens=None):
+    """kla.chunk_gated_delta_rule (beta given) over a sequence sharded along time across
+    `group`. Returns (o of this rank's shard, the whole sequences' final state or None)."""
+    if beta is None:
+        raise ValueError("kla.cp: chunk_gated_delta_rule_cp needs beta ([B, T, HV])")
+    return _cp(q, k, v, g, beta, 0.0, scale, initial_state, output_final_state,
+               use_qk_l2norm_in_kernel, group, "scale", P.COEFF_GIVEN, fp32_math, impl,
+               cu_seqlens)

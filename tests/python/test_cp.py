@@ -1,0 +1,238 @@
+"""kla.cp (context parallelism, issue 27) on the CPU: a sequence cut into segments, run as ranks
+through the segment pieces (kla.cp.simulate, one process) and through torch.distributed (gloo,
+separate processes), equals one pass of the same function over the whole sequence, outputs, final
+state and every gradient (q, k, v, g, eta, the initial state). impl 'torch' in float64, so both
+sides are the same algebra in float64 and differ only by rounding: the comparison is max-abs over
+RMS (reference.py's rel_max) against TOL_CP. Fresh random inputs and cuts every run; the seed is in
+the failure message. A planted fault (the fold without the segments' transitions) must fail it.
+
+TOL_CP: the fold S_in(r+1) = A_r S_in(r) + L_r replaces one pass's state hand-offs by a product
+with the [K, K] transition and a sum, a few float64 roundings per segment on values of the state's
+size. Measured worst over 500 draws (up to 5 segments of 0..100 tokens, K, V in {8, 16, 32},
+decays to -0.5, eta in (0.05, 0.95), key norms 0.3..3, every case below): 3.8e-14 (dk; outputs
+2.4e-14, final state 1.4e-14, dh0 9e-15). TOL_CP = 700 u64 = 7.8e-14 is twice that: the metric is
+a maximum over random cuts, whose tail still grows slowly with the number of draws. A dropped
+transition errs by O(1).
+"""
+import os
+import tempfile
+
+import pytest
+import torch
+
+import kla.cp as cp
+from kla import _params as P
+from kla import torch_impl
+from reference import rel_max
+
+SEED = int.from_bytes(os.urandom(4), "little")
+TOL_CP = 700 * 2.0**-53
+
+
+def draw(seed, coefficient, readout, with_g, eta_kind, with_h0):
+    gen = torch.Generator().manual_seed(seed)
+    n_seg = int(torch.randint(1, 6, (1,), generator=gen))
+    # Lengths 0 .. 100, with a 0 and a 1 often among them.
+    lens = [int(x) for x in torch.randint(0, 101, (n_seg,), generator=gen)]
+    if n_seg > 1:
+        lens[int(torch.randint(0, n_seg, (1,), generator=gen))] = int(
+            torch.randint(0, 2, (1,), generator=gen))
+    if sum(lens) == 0:
+        lens[0] = 7
+    B, H = 2, int(torch.randint(1, 3, (1,), generator=gen))
+    HV = H * int(torch.randint(1, 4, (1,), generator=gen))
+    K, V = [int(x) for x in torch.tensor([8, 16, 32])[torch.randint(0, 3, (2,), generator=gen)]]
+    T = sum(lens)
+    f64 = dict(generator=gen, dtype=torch.float64)
+    q = torch.randn(B, T, H, K, **f64)
+    k = torch.randn(B, T, H, K, **f64)
+    k = k / k.norm(dim=-1, keepdim=True) * (0.3 + 2.7 * torch.rand(B, T, H, 1, **f64))
+    if coefficient == P.COEFF_GIVEN:  # GDN stays bounded for beta |k|^2 <= 2
+        k = k / k.norm(dim=-1, keepdim=True)
+    v = torch.randn(B, T, HV, V, **f64)
+    g = -torch.rand(B, T, HV, **f64) * 0.5 if with_g else None
+    eta = (torch.rand(B, T, HV, **f64) * 0.9 + 0.05) if eta_kind == "tensor" else 0.7
+    h0 = torch.randn(B, HV, K, V, **f64) if with_h0 else None
+    return lens, (q, k, v, g, eta, h0)
+
+
+def one_pass(coefficient, readout, q, k, v, g, eta, h0):
+    if coefficient == P.COEFF_GIVEN:
+        return torch_impl.chunk_gated_delta_rule(q, k, v, g, eta, initial_state=h0,
+                                                 output_final_state=True)
+    return torch_impl.chunk_kla(q, k, v, g, eta, initial_state=h0, output_final_state=True,
+                                readout=readout)
+
+
+def reference(coefficient, readout, inputs, d_o, d_final):
+    """One pass over the whole sequences: outputs, final state, gradients by autograd."""
+    leaves = [t.clone().requires_grad_() if isinstance(t, torch.Tensor) else t for t in inputs]
+    o, final = one_pass(coefficient, readout, *leaves)
+    want = [t for t in leaves if isinstance(t, torch.Tensor)]
+    got = iter(torch.autograd.grad((o, final), want, (d_o, d_final)))
+    grads = [next(got) if isinstance(t, torch.Tensor) else None for t in leaves]
+    return o.detach(), final.detach(), grads
+
+
+def segments(lens, coefficient, readout, q, k, v, g, eta):
+    out, s = [], 0
+    for n in lens:
+        sl = slice(s, s + n)
+        s += n
+        cut = (lambda t: t[:, sl] if isinstance(t, torch.Tensor) else t)
+        out.append(cp.Segment(cut(q), cut(k), cut(v), cut(g), cut(eta), 1e-6, None, readout,
+                              False, coefficient, impl="torch"))
+    return out
+
+
+def cut_like(lens, t):
+    out, s = [], 0
+    for n in lens:
+        out.append(t[:, s:s + n])
+        s += n
+    return out
+
+
+CASES = [(c, r, wg, ek, h) for c, r in ((P.COEFF_KACZMARZ, "scale"), (P.COEFF_KACZMARZ, "q_l2norm"),
+                                        (P.COEFF_GIVEN, "scale"))
+         for wg in (True, False) for ek in ("tensor", "float") for h in (True, False)
+         if not (c == P.COEFF_GIVEN and ek == "float")]
+
+
+def check_simulated(case, seed, fold_states=None):
+    coefficient, readout, with_g, eta_kind, with_h0 = case
+    lens, inputs = draw(seed, coefficient, readout, with_g, eta_kind, with_h0)
+    q, k, v, g, eta, h0 = inputs
+    gen = torch.Generator().manual_seed(seed + 1)
+    d_o = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+    d_final = torch.randn(v.shape[0], v.shape[2], q.shape[3], v.shape[3], generator=gen,
+                          dtype=torch.float64)
+    ref_o, ref_final, ref_grads = reference(coefficient, readout, inputs, d_o, d_final)
+    segs = segments(lens, coefficient, readout, q, k, v, g, eta)
+    outs, final, grads, d_h0 = cp.simulate(segs, h0, cut_like(lens, d_o), d_final)
+    errs = {"o": rel_max(torch.cat(outs, 1), ref_o), "final": rel_max(final, ref_final)}
+    for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
+        if ref_grads[i] is not None:
+            errs[name] = rel_max(torch.cat([gr[i] for gr in grads], 1), ref_grads[i])
+    if with_h0:
+        errs["dh0"] = rel_max(d_h0, ref_grads[5])
+    return lens, errs
+
+
+@pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_simulated_ranks_equal_one_pass(case):
+    for i in range(3):
+        lens, errs = check_simulated(case, SEED + 7919 * i)
+        worst = max(errs, key=errs.get)
+        assert errs[worst] <= TOL_CP, (f"seed {SEED + 7919 * i}, segments {lens}: {worst} "
+                                       f"{errs[worst]:.3e} > {TOL_CP:.3e} ({errs})")
+
+
+def test_a_fold_without_the_transitions_fails(monkeypatch):
+    """The planted fault: S_in(r+1) = L_r (the transition A_r dropped). Three segments of 20
+    tokens with K = 32 and eta = 0.5, so every transition keeps most of the state (each token
+    shrinks it along one of 32 directions by half): the fault must break TOL_CP by far."""
+    def broken(maps, h0):
+        ins, s = [], torch.zeros_like(maps[0][1]) if h0 is None else h0
+        for _, L in maps:
+            ins.append(s)
+            s = L
+        return ins, s
+    gen = torch.Generator().manual_seed(SEED)
+    f64 = dict(generator=gen, dtype=torch.float64)
+    q, k, v = torch.randn(1, 60, 1, 32, **f64), torch.randn(1, 60, 1, 32, **f64), \
+        torch.randn(1, 60, 1, 16, **f64)
+    h0 = torch.randn(1, 1, 32, 16, **f64)
+    ref_o, ref_final = one_pass(P.COEFF_KACZMARZ, "scale", q, k, v, None, 0.5, h0)
+    segs = segments([20, 20, 20], P.COEFF_KACZMARZ, "scale", q, k, v, None, 0.5)
+    outs, final = cp.simulate(segs, h0)
+    assert rel_max(torch.cat(outs, 1), ref_o) <= TOL_CP  # the real fold
+    monkeypatch.setattr(cp, "fold_states", broken)
+    outs, final = cp.simulate(segs, h0)
+    errs = (rel_max(torch.cat(outs, 1), ref_o), rel_max(final, ref_final))
+    assert min(errs) > 1e6 * TOL_CP, (SEED, errs)
+
+
+def _rank_main(rank, world, init_file, seed, out_dir):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        lens, inputs = _dist_inputs(seed, world)
+        q, k, v, g, eta, h0 = inputs
+        mine = [t.detach()[:, sum(lens[:rank]):sum(lens[:rank + 1])].clone().requires_grad_()
+                for t in (q, k, v, g, eta)]
+        h = h0.clone().requires_grad_()
+        o, final = cp.chunk_kla_cp(*mine, initial_state=h, output_final_state=True, impl="torch",
+                                   readout="q_l2norm")
+        d_o, d_final = _dist_upstream(seed, v, q)
+        # Every rank's copy of the final state enters the loss once (their gradients sum).
+        loss = (o * d_o[:, sum(lens[:rank]):sum(lens[:rank + 1])]).sum() + \
+            (final * d_final).sum() / world
+        loss.backward()
+        torch.save({"o": o.detach(), "final": final.detach(),
+                    "grads": [t.grad for t in mine], "dh0": h.grad},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _dist_inputs(seed, world):
+    gen = torch.Generator().manual_seed(seed)
+    lens = [int(x) for x in torch.randint(1, 90, (world,), generator=gen)]
+    B, H, HV, K, V, T = 2, 1, 2, 16, 8, sum(lens)
+    f64 = dict(generator=gen, dtype=torch.float64)
+    q, k = torch.randn(B, T, H, K, **f64), torch.randn(B, T, H, K, **f64)
+    v = torch.randn(B, T, HV, V, **f64)
+    g = -torch.rand(B, T, HV, **f64) * 0.3
+    eta = torch.rand(B, T, HV, **f64) * 0.9 + 0.05
+    h0 = torch.randn(B, HV, K, V, **f64)
+    return lens, (q, k, v, g, eta, h0)
+
+
+def _dist_upstream(seed, v, q):
+    gen = torch.Generator().manual_seed(seed + 5)
+    return (torch.randn(v.shape, generator=gen, dtype=torch.float64),
+            torch.randn(v.shape[0], v.shape[2], q.shape[3], v.shape[3], generator=gen,
+                        dtype=torch.float64))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_ranks_over_gloo_equal_one_pass(world):
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this torch build")
+    seed = SEED + world
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), seed, tmp), nprocs=world,
+                 join=True)
+        got = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world)]
+    lens, inputs = _dist_inputs(seed, world)
+    d_o, d_final = _dist_upstream(seed, inputs[2], inputs[0])
+    ref_o, ref_final, ref_grads = reference(P.COEFF_KACZMARZ, "q_l2norm", inputs, d_o, d_final)
+    errs = {"o": rel_max(torch.cat([x["o"] for x in got], 1), ref_o)}
+    for r in range(world):
+        errs[f"final@{r}"] = rel_max(got[r]["final"], ref_final)
+        errs[f"dh0@{r}"] = rel_max(got[r]["dh0"], ref_grads[5])
+    for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
+        errs[name] = rel_max(torch.cat([x["grads"][i] for x in got], 1), ref_grads[i])
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= TOL_CP, f"seed {seed}, shards {lens}: {worst} {errs[worst]:.3e} ({errs})"
+
+
+def test_errors_are_clear():
+    q = torch.randn(1, 8, 1, 16)
+    v = torch.randn(1, 8, 1, 16)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        cp.chunk_kla_cp(q, q, v, impl="torch")
+    with pytest.raises(NotImplementedError, match="cu_seqlens"):
+        cp.chunk_kla_cp(q, q, v, impl="torch", cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="impl"):
+        cp.Segment(q, q, v, None, None, 1e-6, None, "scale", False, P.COEFF_KACZMARZ,
+                   impl="triton")
+    with pytest.raises(ValueError, match="agree on B and T"):
+        cp.Segment(q, q, v[:, :5], None, None, 1e-6, None, "scale", False, P.COEFF_KACZMARZ,
+                   impl="torch")
+    with pytest.raises(ValueError, match="needs beta"):
+        cp.chunk_gated_delta_rule_cp(q, q, v, None, None, impl="torch")
