@@ -115,7 +115,8 @@ def train(args, impl, device, train_data, val_data, init_state):
             curve.append({"step": step, "loss": loss.item(), "val_accuracy": acc,
                           "seconds": time.time() - t0})
             print(f"mqar [{impl}, seed {args.seed}] step {step}/{args.steps}: "
-                  f"loss {loss.item():.4f}, validation accuracy {acc:.4f} ({time.time() - t0:.0f} s)", flush=True)
+                  f"loss {loss.item():.4f}, validation accuracy {acc:.4f} "
+                  f"({time.time() - t0:.0f} s)", flush=True)
     return curve, losses
 
 
