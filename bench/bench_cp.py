@@ -4,7 +4,8 @@ correctness against one GPU on the same inputs, and the scaling of one long sequ
     python3 bench/bench_cp.py --out OUT [--tokens 131072 524288 1048576] [--gpus 1 2]
 
 For each sequence length (B = 1, H = HV = 16, K = V = 128, bf16, q and k l2-normalised,
-g = logsigmoid(randn) / 16, eta = sigmoid(randn), an initial state) and each GPU count: the
+g = logsigmoid(randn) / 16 with a quarter of the heads undecayed, eta = sigmoid(randn), an
+initial state) and each GPU count: the
 forward (kla.chunk_kla on one GPU, kla.cp.chunk_kla_cp over the group otherwise) and the forward
 plus backward (dO and d(final state) given), timed with CUDA events around the whole call on every
 rank after two warm-ups, the median of --iters calls, the slowest rank's time. Every rank builds
@@ -32,6 +33,8 @@ def make_inputs(T, seed, device):
     k = torch.nn.functional.normalize(torch.randn(1, T, H, K, device=device, generator=gen), dim=-1)
     v = torch.randn(1, T, HV, V, device=device, generator=gen)
     g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device=device, generator=gen)) / 16
+    g[..., : HV // 4] = 0.0  # a quarter of the heads undecayed (the peers' inputs): their state
+    # carries across the whole sequence, so the ranks' hand-off is what those heads measure
     eta = torch.sigmoid(torch.randn(1, T, HV, device=device, generator=gen))
     h0 = 0.1 * torch.randn(1, HV, K, V, device=device, generator=gen)
     do = torch.randn(1, T, HV, V, device=device, generator=gen).bfloat16()

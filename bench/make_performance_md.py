@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--overhead-note", default="", help="where and at which commit it ran")
     ap.add_argument("--backward", help="bench/bench_backward.py's output folder (backward.json)")
     ap.add_argument("--backward-note", default="", help="where and at which commit it ran")
+    ap.add_argument("--cp", help="bench/bench_cp.py's output folder (cp.json)")
+    ap.add_argument("--cp-note", default="", help="where and at which commit it ran")
     args = ap.parse_args()
 
     sbs = load_json(os.path.join(args.outdir, "side_by_side.json"))
@@ -305,6 +307,49 @@ def main():
               f"{pub} | {goal} | {f(r.get('kla_workspace_GiB'), '.2f')} | "
               f"{f(r.get('kla_peak_GiB'), '.2f')} | {f(r.get('fla_peak_GiB'), '.2f')} |")
         w("")
+    cp = load_json(os.path.join(args.cp, "cp.json")) if args.cp else None
+    if cp:
+        shutil.copy(os.path.join(args.cp, "cp.json"), os.path.join(args.docs, "performance",
+                                                                   "cp.json"))
+        w("## Context parallelism (`python3 bench/bench_cp.py`)")
+        w("")
+        w(f"{cp.get('gpus_on_host', '?')}× {cp.get('device', '?')} of one host, NCCL (NVLink "
+          f"multicast off), torch {cp.get('torch', '?')}"
+          f"{'; ' + args.cp_note if args.cp_note else ''}. One sequence (B = 1), H = HV = 16, "
+          "K = V = 128, bf16, l2-normalised q and k, g = logsigmoid(randn)/16 with a quarter of "
+          "the heads undecayed, η = sigmoid(randn), an initial state; one GPU runs "
+          "`kla.chunk_kla`, several run `kla.cp.chunk_kla_cp` on equal contiguous shards. "
+          "Forward, and forward + backward (dO and d(final state) given), medians of CUDA-event "
+          "timings of the whole call after two warm-ups, the slowest rank's. \"OOM\": the "
+          "backward's workspace does not fit one GPU.")
+        w("")
+        w("| tokens | GPUs | forward ms | forward+backward ms | vs one GPU (forward / fwd+bwd) |")
+        w("|---|---|---|---|---|")
+        one = {r["tokens"]: r for r in cp.get("rows", []) if r["gpus"] == 1}
+        for r in cp.get("rows", []):
+            base = one.get(r["tokens"], {})
+
+            def ratio(key):
+                a, b = base.get(key), r.get(key)
+                return f"{a / b:.2f}×" if a and b else "–"
+            fb = r.get("forward_backward_ms")
+            w(f"| {r['tokens']} | {r['gpus']} | {f(r.get('forward_ms'), '.2f')} | "
+              f"{f(fb, '.1f') if fb is not None else 'OOM'} | "
+              f"{ratio('forward_ms')} / {ratio('forward_backward_ms')} |")
+        cmp_rows = [r for r in cp.get("rows", []) if r.get("compare_with_one_gpu")]
+        if cmp_rows:
+            w("")
+            w("Against one GPU on the same inputs (relative RMS of the context-parallel result "
+              "against `kla.chunk_kla`'s):")
+            w("")
+            names = list(cmp_rows[0]["compare_with_one_gpu"])
+            w("| tokens | GPUs | " + " | ".join(names) + " |")
+            w("|---|---|" + "---|" * len(names))
+            for r in cmp_rows:
+                c = r["compare_with_one_gpu"]
+                w(f"| {r['tokens']} | {r['gpus']} | " +
+                  " | ".join(f"{c[n]:.1e}" for n in names) + " |")
+        w("")
     w("## Reference figures (SPEC §4, not this run)")
     w("")
     w("Measured earlier on one **H200** (copy 4.27 TB/s), FLA `chunk_gated_delta_rule` in bf16 "
@@ -330,7 +375,10 @@ def main():
     w("PYTHONPATH=python KLA_CUDA_LIBRARY=build-gpu/dist/libkla_cuda.so.4 \\")
     w("    python3 bench/bench_backward.py --out $OUT/backward [--quick]")
     w("python3 bench/make_performance_md.py OUTDIR --reference ref.json --note '...' \\")
-    w("    [--backward BACKWARD_OUTDIR]")
+    w("    [--backward BACKWARD_OUTDIR] [--cp CP_OUTDIR]")
+    w("# context parallelism, on a machine with several GPUs (carry build-gpu/dist):")
+    w("PYTHONPATH=python KLA_CUDA_LIBRARY=$PWD/build-gpu/dist/libkla_cuda.so.4 \\")
+    w("    python3 bench/bench_cp.py --out $OUT/cp --gpus 1 2")
     w("                                             # here: this page and docs/performance/*.png")
     w("```")
     w("")

@@ -528,9 +528,10 @@ def test_context_parallel_simulated_ranks(dtype):
     """kla.cp.simulate through the kernels: one sequence of 300 tokens in four shards (90, 1, 130,
     79 tokens: a one-token rank, shards off the 64-token chunk grid), against the float64
     recurrence and its autograd gradients on the same rounded inputs. Bounds as the single pass
-    (check / test_autograd_matches_float64_gradients), the gradients' fp32 allowance 4e-6
+    (check / test_autograd_matches_float64_gradients), the gradients' fp32 allowance 3e-6
     instead of 1.5e-6: every segment's backward starts from a state and a state gradient that the
-    fold composed from the kernels' transitions (each fp32-grade, about 1e-6 relative)."""
+    fold composed from the kernels' transitions (each fp32-grade, about 1e-6 relative). Measured
+    on an H200: at most 1.9e-6 beyond the rounding (bf16 dh0), 8.2e-7 in fp32."""
     import kla.cp as cp
     from kla import _params as P
     B, T, H, HV, K, V = 1, 300, 2, 4, 64, 64
@@ -553,7 +554,7 @@ def test_context_parallel_simulated_ranks(dtype):
     want = gradients(q, k, v, g, eta, h0, do, dht, eps=1e-6)
     got = [torch.cat([gr[i] for gr in grads], 1) for i in range(5)] + [d_h0]
     for name, x, ref in zip(("dq", "dk", "dv", "dg", "deta", "dh0"), got, want):
-        bound = rel_rms(ref.to(x.dtype), ref) + 4e-6
+        bound = rel_rms(ref.to(x.dtype), ref) + 3e-6
         err = rel_rms(x, ref)
         print(f"cp {dtype} {name}: relative RMS {err:.3e} (bound {bound:.3e})")
         assert err <= bound, f"cp {dtype} {name}: relative RMS {err:.3e} > {bound:.3e}"
