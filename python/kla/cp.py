@@ -32,6 +32,8 @@ group: NCCL on GPUs, gloo on CPUs), differentiable with torch.autograd. impl "ke
 kla.chunk_kla (CUDA), "torch" kla.torch_impl (any device). Not supported yet: cu_seqlens (packed
 sequences across ranks), state_v_first.
 """
+import math
+
 import torch
 
 from . import _params as P
@@ -214,6 +216,37 @@ class _ContextParallel(torch.autograd.Function):
         return (None, None, d_h0 if ctx.h0_given else None, dq, dk, dv, dg, deta)
 
 
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
+
+
+def _check_ranks_agree(seg, h0, group):
+    """Every rank must hold shards of the same problem (shapes, dtype, gates, settings) and the
+    same initial state: otherwise the all-gathers would mismatch (a crash or a hang) or the fold
+    would mix problems. One small all-gather of a descriptor; a clear ValueError on every rank."""
+    B, HV, K, V = seg.shape
+    s = seg.eps if isinstance(seg.eps, float) else float(seg.eps)
+    desc = [B, seg.q.shape[2], HV, K, V, _DTYPE_CODES.get(seg.q.dtype, -1), seg.g is not None,
+            isinstance(seg.eta, torch.Tensor), h0 is not None, seg.coefficient,
+            seg.impl == "kernels", s, float(seg.scale or 0.0),
+            0.0 if isinstance(seg.eta, torch.Tensor) or seg.eta is None else float(seg.eta)]
+    with torch.no_grad():
+        sums = [0.0, 0.0] if h0 is None else [h0.double().sum().item(),
+                                              h0.double().square().sum().item()]
+    mine = torch.tensor([float(x) for x in desc] + sums, dtype=torch.float64,
+                        device=seg.q.device)
+    every = _all_gather(mine, group)
+    names = ["B", "H", "HV", "K", "V", "dtype", "g given", "eta a tensor", "initial_state given",
+             "coefficient", "impl", "eps", "scale", "eta value", "initial_state sum",
+             "initial_state sum of squares"]
+    for r, other in enumerate(every):
+        diff = [n for n, a, b in zip(names, mine.tolist(), other.tolist())
+                if a != b and not (math.isnan(a) and math.isnan(b))]  # NaN: the same NaN state
+        if diff:
+            raise ValueError(f"kla.cp: the ranks disagree on {', '.join(diff)} (this rank and "
+                             f"rank {r}): every rank passes a shard of the same problem and the "
+                             "same initial_state")
+
+
 def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         group, readout, coefficient, fp32_math, impl, cu_seqlens):
     import torch.distributed as dist
@@ -232,6 +265,7 @@ def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l
             raise ValueError(f"kla.cp: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}, "
                              f"got {tuple(initial_state.shape)}")
         h0 = initial_state.to(seg.state_dtype)
+    _check_ranks_agree(seg, h0, group)
     o, final = _ContextParallel.apply(seg, group, h0, q, k, v, g, eta)
     return o, (final if output_final_state else None)
 

@@ -221,6 +221,40 @@ def test_distributed_ranks_over_gloo_equal_one_pass(world):
     assert errs[worst] <= TOL_CP, f"seed {seed}, shards {lens}: {worst} {errs[worst]:.3e} ({errs})"
 
 
+def _mismatch_main(rank, world, init_file, what, out_dir):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        K = 16 if (what != "K" or rank == 0) else 8
+        q = torch.randn(1, 5 + rank, 1, K, dtype=torch.float64)
+        v = torch.randn(1, 5 + rank, 1, 8, dtype=torch.float64)
+        h0 = torch.full((1, 1, K, 8), 0.5 if (what != "h0" or rank == 0) else 0.25,
+                        dtype=torch.float64)
+        try:
+            cp.chunk_kla_cp(q, q, v, None, 0.5, initial_state=h0, impl="torch")
+            msg = "no error"
+        except ValueError as e:
+            msg = str(e)
+        with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+            f.write(msg)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("what,word", [("K", "K"), ("h0", "initial_state sum")])
+def test_ranks_that_disagree_get_a_clear_error_not_a_hang(what, word):
+    """Shards of different problems (here K) or different initial states: every rank raises a
+    ValueError naming what differs, before any collective whose sizes would mismatch."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_mismatch_main, args=(2, os.path.join(tmp, "init"), what, tmp), nprocs=2,
+                 join=True)
+        msgs = [open(os.path.join(tmp, f"rank{r}.txt")).read() for r in range(2)]
+    for m in msgs:
+        assert "ranks disagree" in m and word in m, msgs
+
+
 def test_errors_are_clear():
     q = torch.randn(1, 8, 1, 16)
     v = torch.randn(1, 8, 1, 16)
