@@ -163,6 +163,7 @@ const std::vector<Ownership>& ownership() {
        "dagn",
        {Mutant::projection_residual_sign, Mutant::decay_after_update}},
       {"seg.combine", "segc", {Mutant::segment_combine_order}},
+      {"seg.grad_combine", "segg", {Mutant::segment_grad_fold_untransposed}},
       {"thm1.constraint", "cons", {Mutant::residual_undecayed}},
       {"thm1.lagrange", "lagr", {Mutant::multiplier_sign}},
       {"thm1.line_search", "line", {Mutant::loss_half_dropped, Mutant::trace_residual_sign}},
@@ -274,7 +275,10 @@ int run_mutants(const Options& opt, const std::vector<const Statement*>& sel) {
     const Ownership* o = owner_entry(s->id);
     col.push_back(o ? o->column : s->id.substr(0, 4));
   }
-  const int name_w = 26, owner_w = 7, cell_w = 5;
+  int name_w = 8;  // the longest mutant name and a space
+  for (const Mutant m : kla::ref::all_mutants)
+    name_w = std::max(name_w, int(kla::ref::mutant_name(m).size()) + 1);
+  const int owner_w = 7, cell_w = 5;
   std::cout << std::left << std::setw(name_w) << "mutant" << std::setw(owner_w) << "owner";
   for (const auto& c : col) std::cout << std::setw(cell_w) << c;
   std::cout << "caught by\n"

@@ -10,6 +10,7 @@
 // maps from zero, their composition, the prefix maps of the outputs), each contracting like the
 // tokenwise one (‖A_t‖₂ ≤ 1): three times bounds::token_state / token_output.
 #include "kla/ref/segment.hpp"
+#include "kla/ref/segment_backward.hpp"
 #include "test_support.hpp"
 
 using namespace kla::test;
@@ -81,3 +82,32 @@ TEST(SegmentDouble, PlantedCompositionOrderBreaksTheBound) {
   EXPECT_GT(r.state, 1e4 * r.bound_state) << "ratio " << r.state / r.bound_state;
 }
 #endif
+
+// segment_backward.hpp: proofs_check seg.grad_combine has its exact identity; here its contracts
+// in double. An empty segment is the identity map: inserting one anywhere changes no bit of any
+// gradient (1·x and x + 0 are exact); bad segment lists are refused before anything is computed.
+TEST(SegmentBackwardDouble, EmptySegmentsChangeNoBitAndBadListsAreRefused) {
+  KLA_SEEDED_RNG(rng);
+  GenConfig g;
+  g.T = 30;
+  g.dk = 5;
+  g.dv = 3;
+  g.alpha_lo = 0.6;
+  const auto in = random_inputs(rng, g);
+  Options<double> opt;
+  opt.eps = 1.0 / 16;
+  const Mat<double> S0 = random_matrix(rng, g.dk, g.dv);
+  kla::ref::HeadOutputs<double> up;
+  up.o = random_matrix(rng, g.T, g.dv);
+  up.state = random_matrix(rng, g.dk, g.dv);
+  const auto a = kla::ref::segment_backward(in, opt, {12, 18}, S0, up);
+  const auto b = kla::ref::segment_backward(in, opt, {0, 12, 0, 0, 18, 0}, S0, up);
+  EXPECT_EQ(a.q, b.q);
+  EXPECT_EQ(a.k, b.k);
+  EXPECT_EQ(a.v, b.v);
+  EXPECT_EQ(a.eta, b.eta);
+  EXPECT_EQ(a.alpha, b.alpha);
+  EXPECT_EQ(a.state, b.state);
+  EXPECT_THROW(kla::ref::segment_backward(in, opt, {10, 10}, S0, up), std::invalid_argument);
+  EXPECT_THROW(kla::ref::segment_backward(in, opt, {31, -1}, S0, up), std::invalid_argument);
+}

@@ -50,14 +50,15 @@ enum class Mutant {
   grad_chunk_gram_term,  ///< chunk backward: ∂L_ij/∂k_j (the Gram matrix's column key) left out
   grad_chunk_carry_no_gamma,  ///< chunk backward: ∂ℓ/∂S_0 += ∂ℓ/∂S_out without diag(γ_C)
   grad_chain_value_term,      ///< key_l2norm_chain: dk without the −k̂ (v̂·dv̂)/r term
-  // Segment maps (segment.hpp).
+  // Segment maps (segment.hpp, segment_backward.hpp).
   segment_combine_order,  ///< combine: M₁ M₂ where the later segment's M₂ must act last
+  segment_grad_fold_untransposed,  ///< fold_gradients: M_r G_r where M_rᵀ G_r belongs
 };
 
 inline constexpr std::array<Mutant, 4> gross_mutants = {
     Mutant::gdn_coefficient, Mutant::eps_dropped, Mutant::gamma_off_by_one, Mutant::nonstrict_mask};
 
-inline constexpr std::array<Mutant, 29> all_mutants = {
+inline constexpr std::array<Mutant, 30> all_mutants = {
     Mutant::gdn_coefficient,
     Mutant::eps_dropped,
     Mutant::gamma_off_by_one,
@@ -87,6 +88,7 @@ inline constexpr std::array<Mutant, 29> all_mutants = {
     Mutant::grad_chunk_carry_no_gamma,
     Mutant::grad_chain_value_term,
     Mutant::segment_combine_order,
+    Mutant::segment_grad_fold_untransposed,
 };
 
 constexpr std::string_view mutant_name(Mutant m) {
@@ -121,6 +123,7 @@ constexpr std::string_view mutant_name(Mutant m) {
     case Mutant::grad_chunk_carry_no_gamma: return "grad_chunk_carry_no_gamma";
     case Mutant::grad_chain_value_term: return "grad_chain_value_term";
     case Mutant::segment_combine_order: return "segment_combine_order";
+    case Mutant::segment_grad_fold_untransposed: return "segment_grad_fold_untransposed";
   }
   return "?";
 }

@@ -64,14 +64,20 @@ SegmentMap<T> combine(const SegmentMap<T>& first, const SegmentMap<T>& second) {
   return {second.M * first.M, second.M * first.L + second.L};
 }
 
-/// The forward pass in segments of the given lengths (summing to T; zeros allowed): each
-/// segment's map and zero-state outputs (independent of the others: what runs in parallel), the
-/// incoming states by composing the maps in order (the combine), then each segment's outputs
-/// corrected by its carried-in state. Same result as recurrent_forward(in, opt, S0).
+/// Every segment's map and the state entering it, for a cut of `in` into segments of the given
+/// lengths (summing to T; zeros allowed), from initial state S0 (zero if empty): the maps are
+/// independent of each other (what runs in parallel), the incoming states compose them in order
+/// (the combine). `final` is the state after the last segment.
 template <class T>
-HeadOutputs<T> segment_forward(const HeadInputs<T>& in, const Options<T>& opt,
-                               const std::vector<Eigen::Index>& lengths,
-                               const Mat<T>& S0 = Mat<T>()) {
+struct SegmentStates {
+  std::vector<SegmentMap<T>> maps;
+  std::vector<Mat<T>> incoming;
+  Mat<T> final;
+};
+
+template <class T>
+SegmentStates<T> segment_states(const HeadInputs<T>& in, const Options<T>& opt,
+                                const std::vector<Eigen::Index>& lengths, const Mat<T>& S0) {
   in.validate();
   Eigen::Index total = 0;
   for (const Eigen::Index n : lengths) {
@@ -81,25 +87,35 @@ HeadOutputs<T> segment_forward(const HeadInputs<T>& in, const Options<T>& opt,
   if (total != in.length())
     throw std::invalid_argument("kla::ref: the segment lengths must sum to T");
   const Mat<T> S_in0 = S0.size() ? S0 : Mat<T>::Zero(in.dk(), in.dv());
-  // Phase 1 (parallel over segments): maps and zero-state outputs.
-  std::vector<SegmentMap<T>> maps;
-  HeadOutputs<T> out;
-  out.o = Mat<T>::Zero(in.length(), in.dv());
+  SegmentStates<T> st;
   Eigen::Index start = 0;
   for (const Eigen::Index n : lengths) {
-    maps.push_back(segment_map(in, opt, start, n));
+    st.maps.push_back(segment_map(in, opt, start, n));
     start += n;
   }
-  // Phase 2 (the combine): the state entering each segment.
-  std::vector<Mat<T>> incoming;
   SegmentMap<T> prefix = identity_map<T>(in.dk(), in.dv());
-  for (const auto& m : maps) {
-    incoming.push_back(prefix.M * S_in0 + prefix.L);
+  for (const auto& m : st.maps) {
+    st.incoming.push_back(prefix.M * S_in0 + prefix.L);
     prefix = combine(prefix, m);
   }
-  out.state = prefix.M * S_in0 + prefix.L;
-  // Phase 3 (parallel over segments): outputs = zero-state outputs + the carried-in read-out.
-  start = 0;
+  st.final = prefix.M * S_in0 + prefix.L;
+  return st;
+}
+
+/// The forward pass in segments of the given lengths (summing to T; zeros allowed): the maps and
+/// incoming states of segment_states, then each segment's outputs from its carried-in state.
+/// Same result as recurrent_forward(in, opt, S0).
+template <class T>
+HeadOutputs<T> segment_forward(const HeadInputs<T>& in, const Options<T>& opt,
+                               const std::vector<Eigen::Index>& lengths,
+                               const Mat<T>& S0 = Mat<T>()) {
+  const SegmentStates<T> st = segment_states(in, opt, lengths, S0);
+  const std::vector<Mat<T>>& incoming = st.incoming;
+  HeadOutputs<T> out;
+  out.o = Mat<T>::Zero(in.length(), in.dv());
+  out.state = st.final;
+  // Outputs (parallel over segments) = zero-state outputs + the carried-in read-out.
+  Eigen::Index start = 0;
   for (size_t j = 0; j < lengths.size(); ++j) {
     SegmentMap<T> upto = identity_map<T>(in.dk(), in.dv());
     for (Eigen::Index t = start; t < start + lengths[j]; ++t) {

@@ -1,0 +1,98 @@
+// The backward pass in segments (issue 27: context parallelism's backward, the mirror image of
+// segment.hpp's forward). A segment maps its incoming state S_in to S_out = M S_in + L, so the
+// gradient of the loss with respect to S_in is the part its own outputs give (its backward from
+// S_in with no gradient on S_out: `local`) plus Mᵀ times the gradient of S_out. Segments run that
+// local backward in parallel; the reverse fold
+//   G_last = dS_T,   G_{r−1} = M_rᵀ G_r + local_r,   dS_0 = M_0ᵀ G_0 + local_0
+// gives every segment the gradient G_r of its outgoing state; each then runs its backward from
+// its true incoming state with dO and G_r, which yields its inputs' gradients (those of the whole
+// sequence restricted to its tokens: the loss depends on them only through its outputs and S_out).
+//
+// Numerical contract: over Rational equal (==) to recurrent_backward (proofs_check
+// seg.grad_combine); in floating point the fold adds one product with Mᵀ and one sum per segment.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "kla/ref/grad.hpp"
+#include "kla/ref/segment.hpp"
+
+namespace kla::ref {
+
+/// Tokens [start, start + len) of `in` as their own inputs.
+template <class T>
+HeadInputs<T> slice_tokens(const HeadInputs<T>& in, Eigen::Index start, Eigen::Index len) {
+  HeadInputs<T> s;
+  s.q = in.q.middleRows(start, len);
+  s.k = in.k.middleRows(start, len);
+  s.v = in.v.middleRows(start, len);
+  s.eta = in.eta.segment(start, len);
+  if (in.alpha.size() != 0) s.alpha = in.alpha.middleRows(start, len);
+  return s;
+}
+
+/// The reverse fold (see above): from every segment's map, the gradient `local` of its incoming
+/// state from its own outputs, and dS_T (zero if empty), the gradient of every segment's outgoing
+/// state and of the initial state: (G_0 .. G_last, dS_0).
+template <class T>
+std::pair<std::vector<Mat<T>>, Mat<T>> fold_gradients(const std::vector<SegmentMap<T>>& maps,
+                                                      const std::vector<Mat<T>>& local,
+                                                      const Mat<T>& dST, Eigen::Index dk,
+                                                      Eigen::Index dv) {
+  std::vector<Mat<T>> G(maps.size());
+  Mat<T> g = dST.size() ? dST : Mat<T>::Zero(dk, dv);
+  for (size_t r = maps.size(); r-- > 0;) {
+    G[r] = g;
+    const Mat<T> back = active_mutant() == Mutant::segment_grad_fold_untransposed
+                            ? Mat<T>(maps[r].M * g)  // planted: M where Mᵀ belongs
+                            : Mat<T>(maps[r].M.transpose() * g);
+    g = back + local[r];
+  }
+  return {std::move(G), std::move(g)};
+}
+
+/// Gradients of the whole sequence from a cut into segments of the given lengths (summing to T;
+/// zeros allowed), from initial state S0 (zero if empty) and upstream gradients up (as
+/// recurrent_backward). Same result as recurrent_backward(in, opt, S0, up).
+template <class T>
+HeadGradients<T> segment_backward(const HeadInputs<T>& in, const Options<T>& opt,
+                                  const std::vector<Eigen::Index>& lengths, const Mat<T>& S0,
+                                  const HeadOutputs<T>& up) {
+  const SegmentStates<T> st = segment_states(in, opt, lengths, S0);
+  const auto upstream = [&](Eigen::Index start, Eigen::Index len, const Mat<T>& dS) {
+    HeadOutputs<T> u;
+    u.o = up.o.size() ? Mat<T>(up.o.middleRows(start, len)) : Mat<T>::Zero(len, in.dv());
+    u.state = dS;
+    return u;
+  };
+  // Each segment's local backward (parallel): the gradient of its incoming state from its
+  // outputs alone.
+  std::vector<Mat<T>> local;
+  Eigen::Index start = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    const HeadInputs<T> seg = slice_tokens(in, start, lengths[r]);
+    local.push_back(
+        recurrent_backward(seg, opt, st.incoming[r], upstream(start, lengths[r], Mat<T>())).state);
+    start += lengths[r];
+  }
+  const auto [G, dS0] = fold_gradients(st.maps, local, up.state, in.dk(), in.dv());
+  // Each segment's backward (parallel) from its true incoming state with dO and G_r.
+  HeadGradients<T> g = zero_gradients(in);
+  start = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    const Eigen::Index n = lengths[r];
+    const HeadGradients<T> gr = recurrent_backward(slice_tokens(in, start, n), opt, st.incoming[r],
+                                                   upstream(start, n, G[r]));
+    g.q.middleRows(start, n) = gr.q;
+    g.k.middleRows(start, n) = gr.k;
+    g.v.middleRows(start, n) = gr.v;
+    g.eta.segment(start, n) = gr.eta;
+    if (in.alpha.size() != 0) g.alpha.middleRows(start, n) = gr.alpha;
+    start += n;
+  }
+  g.state = dS0;
+  return g;
+}
+
+}  // namespace kla::ref
