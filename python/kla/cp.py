@@ -11,7 +11,8 @@ rank). initial_state, if given, is the sequences' initial state and must be the 
 rank; its gradient, like the final state's value, is the whole one on every rank (replicated
 tensors, as data parallelism keeps parameters).
 
-The algebra (SPEC section 1; proofs_check `seg.combine` states it exactly in rationals): a
+The algebra (SPEC section 1; proofs_check `seg.combine` states it exactly in rationals, and
+`seg.grad_combine` the backward's fold below, reference/include/kla/ref/segment_backward.hpp): a
 segment maps its incoming state affinely, S_out = A S_in + L, A = prod_t alpha_t (I - beta_t k_t
 k_t^T) the segment's [K, K] transition (the same for every value column) and L its final state from
 a zero state. Forward, per rank: (A, L) from two kernel calls (L from a zero state; A as the final
