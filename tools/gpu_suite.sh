@@ -14,7 +14,8 @@
 # Environment: KLA_GPU_BUILD (the build folder, default build-gpu), KLA_GPU_DIST (where the
 # binaries are copied to and run from, default $KLA_GPU_BUILD/dist), KLA_SUITE_STEPS (a regex of
 # the steps to run), KLA_SUITE_MUTANT (a kernel mutant left planted in every test step: the suite
-# must then fail; tests/cuda/README.md).
+# must then fail; tests/cuda/README.md), KLA_SUITE_TAR=1 (pack the outputs into suite.tgz: the
+# device tool returns only a few files a call).
 #
 # Kernel mutants: `stage` also builds the test-only library with planted faults (preset
 # gpu-mutants) into $DIST/mutants; the mutant-* steps run the GPU tests against it, one fault at a
@@ -245,5 +246,12 @@ run wgmma_latency 60 "$DIST/kla_wgmma_latency"
     echo "gpu_suite: every step passed"
   fi
 } | tee "$OUTDIR/summary.md"
+# KLA_SUITE_TAR=1: everything the suite wrote into one archive, suite.tgz, beside summary.md (the
+# device tool returns only a few files a call; logs beyond them are dropped).
+if [[ ${KLA_SUITE_TAR:-0} == 1 ]]; then
+  (cd "$OUTDIR" && find . -mindepth 1 -maxdepth 1 ! -name summary.md ! -name suite.tgz \
+     -printf '%P\n' | tar czf suite.tgz -T - && find . -mindepth 1 -maxdepth 1 \
+     ! -name summary.md ! -name suite.tgz -exec rm -rf {} +)
+fi
 # Non-zero when any step failed, so a caller (or CI on a GPU machine) cannot miss it.
 ((${#FAILED[@]} == 0))
