@@ -256,6 +256,19 @@ inline Vec<Q> keys_with_rational_norms(ref::HeadInputs<Q>& in, const Q& eps) {
   return r;
 }
 
+/// A random cut of T tokens into segments (seg.*): lengths summing to T, empty segments one in
+/// four, sometimes an empty last one, so one segment, one token each and zeros all occur.
+inline std::vector<Idx> segment_lengths(Idx T) {
+  std::vector<Idx> lengths;
+  for (Idx left = T; left > 0;) {
+    const Idx n = *rc::gen::element(0, 1, 2, 3) == 0 ? 0 : uniform(1, left);
+    lengths.push_back(n);
+    left -= n;
+  }
+  if (*rc::gen::element(false, false, true)) lengths.push_back(0);  // an empty last segment
+  return lengths;
+}
+
 /// Exact-equality assertion for matrices that names what differed.
 inline void require_equal(const Mat<Q>& a, const Mat<Q>& b, const char* what) {
   if (a.rows() != b.rows() || a.cols() != b.cols() || a != b) {

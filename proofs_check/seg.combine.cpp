@@ -16,13 +16,7 @@ KLA_STATEMENT("seg.combine", "issue 26 (segment maps; Sections 3-4)") {
   const Idx T = uniform(1, 14);
   const auto in = head_inputs(T, dk, dv, any_decay());
   const auto opt = options();
-  std::vector<Idx> lengths;
-  for (Idx left = T; left > 0;) {
-    const Idx n = *rc::gen::element(0, 1, 2, 3) == 0 ? 0 : uniform(1, left);
-    lengths.push_back(n);
-    left -= n;
-  }
-  if (*rc::gen::element(false, false, true)) lengths.push_back(0);  // an empty last segment
+  const std::vector<Idx> lengths = segment_lengths(T);
   const bool zero_state = *rc::gen::element(false, false, false, true);
   const Mat<Q> S0 = zero_state ? Mat<Q>() : Mat<Q>(*matrix(dk, dv));
 
