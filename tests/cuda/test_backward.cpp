@@ -480,10 +480,8 @@ Gradients gather_outputs(const Problem& p,
   return out;
 }
 
-/// ||y - ref|| / ||ref||, y = ref rounded to the type gradient `g` is stored in (file comment, rd).
-double rounding_cost(const Problem& p, Grad g, const std::vector<double>& ref) {
-  const bool in_dtype = g == kDq || g == kDk || g == kDv;
-  const kla_dtype stored = in_dtype ? p.d.cfg.dtype : KLA_DTYPE_FP32;
+/// ||y - ref|| / ||ref||, y = ref rounded to the type `stored` (file comment, rd).
+double rounding_cost(kla_dtype stored, const std::vector<double>& ref) {
   double num = 0, den = 0;
   for (double r : ref) {
     const double e = rounded_ref(stored, r) - r;
@@ -500,7 +498,8 @@ double bound_for(const Problem& p, Grad g, const std::vector<double>& ref) {
   const double f = in_dtype && c.dtype != KLA_DTYPE_FP32 ? 2.0 : 1.0;
   const double family = in_dtype ? kGrowthOutputs : g == kDh0 ? kGrowthState : kGrowthGates;
   const int n_h = std::max(1, (c.longest() + kChunkLen - 1) / kChunkLen);
-  return rounding_cost(p, g, ref) + f * std::sqrt(double(n_h)) * (family + kDecayGrowth * p.g_max);
+  return rounding_cost(in_dtype ? c.dtype : KLA_DTYPE_FP32, ref) +
+         f * std::sqrt(double(n_h)) * (family + kDecayGrowth * p.g_max);
 }
 
 /// The largest finite value of a dtype: a reference beyond it cannot be stored.
