@@ -56,6 +56,13 @@ inline double unit_roundoff(kla_dtype d) {
          : d == KLA_DTYPE_BF16 ? std::ldexp(1.0, -8)
                                : std::ldexp(1.0, -11);
 }
+/// The spacing of a dtype's subnormals (its smallest positive value): below the smallest normal,
+/// a rounding errs by up to half of it, not by u relative.
+inline double subnormal_spacing(kla_dtype d) {
+  return d == KLA_DTYPE_FP32   ? std::ldexp(1.0, -149)
+         : d == KLA_DTYPE_BF16 ? std::ldexp(1.0, -133)
+                               : std::ldexp(1.0, -24);
+}
 /// Problem description. cu_seqlens empty = N = B sequences of length T.
 struct Config {
   kla_dtype dtype = KLA_DTYPE_FP32;

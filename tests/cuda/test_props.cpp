@@ -92,6 +92,14 @@ Config gen_config() {
   return c;
 }
 
+/// A case's report into RapidCheck's log (printed when the case fails) and, with
+/// KLA_PROPS_VERBOSE=1, to stdout for every case, passing or not (how close each came).
+void log_case(const std::string& report) {
+  RC_LOG() << report << "\n";
+  if (const char* v = std::getenv("KLA_PROPS_VERBOSE"); v && *v == '1')
+    std::printf("kla props case: %s\n", report.c_str());
+}
+
 void prop_vs_reference(Entry e) {
   const Config c = gen_config();
   const Data d = make_data(c);
@@ -99,10 +107,7 @@ void prop_vs_reference(Entry e) {
   const Outputs got = run_device(dp, e);
   const Outputs ref = run_reference<Mpfr>(d);
   const Comparison cmp = compare(got, ref, d);
-  RC_LOG() << cmp.report << "\n";
-  // KLA_PROPS_VERBOSE=1: every case's report, passing or not (how close each came).
-  if (const char* v = std::getenv("KLA_PROPS_VERBOSE"); v && *v == '1')
-    std::printf("kla props case: %s\n", cmp.report.c_str());
+  log_case(cmp.report);
   RC_ASSERT(cmp.ok);
   RC_ASSERT(padding_untouched(got.o, d));
 }
@@ -257,7 +262,7 @@ void prop_normalized(Entry e) {
   DeviceProblem a(d), bn(dn);
   const Outputs oa = run_device(a, e), ob = run_device(bn, e);
   const Comparison cmp = compare(oa, ob, d, /*pair=*/true);
-  RC_LOG() << cmp.report << "\n";
+  log_case(cmp.report);
   RC_ASSERT(cmp.ok);
 }
 KLA_PROP(NormalizedKeyFormChunk, prop_normalized(Entry::chunk))
@@ -269,7 +274,7 @@ KLA_PROP(ChunkEqualsTokenwise, {
   DeviceProblem dp(make_data(c));
   const Outputs a = run_device(dp, Entry::chunk), b = run_device(dp, Entry::tokenwise);
   const Comparison cmp = compare(a, b, dp.data, /*pair=*/true);
-  RC_LOG() << cmp.report << "\n";
+  log_case(cmp.report);
   RC_ASSERT(cmp.ok);
 })
 
@@ -335,7 +340,7 @@ void prop_split(Entry first, Entry second, bool decode_tail) {
                     : r2.o[b * d2.os[0] + (t - cut) * d2.os[1] + i];
   stitched.state = r2.state;
   const Comparison cmp = compare(stitched, one, whole, /*pair=*/true);
-  RC_LOG() << "cut " << cut << ": " << cmp.report << "\n";
+  log_case("cut " + std::to_string(cut) + ": " + cmp.report);
   RC_ASSERT(cmp.ok);
 }
 KLA_PROP(PrefillThenDecodeEqualsLongerPrefill, prop_split(Entry::chunk, Entry::tokenwise, true))
@@ -436,7 +441,7 @@ void prop_long(Entry e) {
   const Data s = column_sample(d, cols);
   const Outputs ref = run_reference<Mpfr>(s);
   const Comparison cmp = compare(sample_outputs(got, d, s, cols), ref, s);
-  RC_LOG() << cmp.report << "\n";
+  log_case(cmp.report);
   RC_ASSERT(cmp.ok);
   RC_ASSERT(padding_untouched(got.o, d));
 }
