@@ -14,6 +14,15 @@ than one GPU the outputs, final state and gradients are also compared with the o
 the same inputs (relative RMS; rank 0 computes the one-GPU result where it fits in memory).
 Writes cp.json (every measurement, device, torch version) to --out and prints a progress line a
 case. NVLink multicast is left off (NCCL_NVLS_ENABLE=0, the device notes).
+
+Beside FLA's context parallelism (--fla, with FLA installed): FLA's chunk_gated_delta_rule with
+its cp_context (fla.ops.cp.build_cp_context over the same group and the global cu_seqlens [0, T];
+one GPU: the plain call) and, like for like, kla's given-beta function (kla.cp.
+chunk_gated_delta_rule_cp; one GPU: kla.chunk_gated_delta_rule) on the same shards, beta = eta,
+q and k l2-normalised, without the initial and final state (FLA's context parallelism takes
+neither), forward and forward plus backward (dO only). FLA's backward refuses to run on Hopper
+with Triton 3.4 to 3.7.0 (its issue 640): its guard is bypassed here, as in bench_backward.py, and
+cp.json says so.
 """
 import argparse
 import json
@@ -63,7 +72,7 @@ def timed(fn, iters, sync):
     return statistics.median(times)
 
 
-def run_case(rank, world, T, iters, group):
+def run_case(rank, world, T, iters, group, fla):
     import kla
     import kla.cp as cp
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -102,6 +111,8 @@ def run_case(rank, world, T, iters, group):
             if keep is not None:
                 keep.extend([o.detach(), f.detach()] + [x.grad for x in leaves])
     res = {"tokens": T, "gpus": world}
+    if fla is not None:
+        res["given_beta"] = given_beta_rows(mine, my_do, world, group, iters, sync, fla)
     try:
         res["forward_ms"] = timed(fwd, iters, sync)
     except torch.cuda.OutOfMemoryError:
@@ -128,18 +139,20 @@ def worker(rank, world, args, init_file, out_file):
         import torch.distributed as dist
         dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
                                 world_size=world, device_id=torch.device("cuda", rank))
+    fla = load_fla() if args.fla else None
     rows = []
     for T in args.tokens:
-        r = run_case(rank, world, T, args.iters, group)
+        r = run_case(rank, world, T, args.iters, group, fla)
         keep = r.pop("_keep", None)
         if world > 1:
             import torch.distributed as dist
             # The slowest rank's times.
-            for key in ("forward_ms", "forward_backward_ms"):
-                if r.get(key) is not None:
-                    t = torch.tensor([r[key]], device="cuda")
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                    r[key] = t.item()
+            for d in [r] + list(r.get("given_beta", {}).values()):
+                for key in ("forward_ms", "forward_backward_ms"):
+                    if isinstance(d, dict) and d.get(key) is not None:
+                        t = torch.tensor([d[key]], device="cuda")
+                        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                        d[key] = t.item()
             if keep is not None and T <= args.compare_max:
                 # Rank 0 compares with the one-GPU call on the same inputs: gather the shards.
                 parts = {}
@@ -157,13 +170,65 @@ def worker(rank, world, args, init_file, out_file):
             rows.append(r)
             print(f"bench_cp: {T} tokens, {world} GPU(s): forward {r.get('forward_ms')} ms, "
                   f"forward+backward {r.get('forward_backward_ms')} ms "
-                  f"{r.get('compare_with_one_gpu', '')}", flush=True)
+                  f"{r.get('compare_with_one_gpu', '')} {r.get('given_beta', '')}", flush=True)
     if rank == 0:
         with open(out_file, "w") as f:
             json.dump(rows, f)
     if world > 1:
         import torch.distributed as dist
         dist.destroy_process_group()
+
+
+def load_fla():
+    """FLA's chunk_gated_delta_rule and build_cp_context with the Hopper backward guard bypassed
+    (module docstring), or None where FLA is not installed."""
+    try:
+        import fla
+        import fla.ops.common.chunk_o as chunk_o
+        from fla.ops.cp import build_cp_context
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+        print(f"bench_cp: FLA not available ({type(e).__name__}: {e})", flush=True)
+        return None
+    bypassed = False
+    if getattr(chunk_o, "TRITON_ABOVE_3_4_0", False) and \
+            not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
+        chunk_o.TRITON_ABOVE_3_7_1 = True
+        bypassed = True
+    return {"gdr": chunk_gated_delta_rule, "ctx": build_cp_context,
+            "version": getattr(fla, "__version__", "?"), "guard_bypassed": bypassed}
+
+
+def given_beta_rows(mine, my_do, world, group, iters, sync, fla):
+    """kla's given-beta function and FLA's on this rank's shard (module docstring): forward and
+    forward + backward times, or the error a library raised."""
+    import kla
+    import kla.cp as cp
+    q, k, v, g, beta = mine
+    if world == 1:
+        kla_fn = lambda *x: kla.chunk_gated_delta_rule(*x)[0]  # noqa: E731
+        fla_fn = lambda *x: fla["gdr"](*x)[0]  # noqa: E731
+    else:
+        T = q.shape[1] * world
+        ctx = fla["ctx"](cu_seqlens=torch.tensor([0, T], dtype=torch.long, device=q.device),
+                         group=group)
+        kla_fn = lambda *x: cp.chunk_gated_delta_rule_cp(*x, group=group)[0]  # noqa: E731
+        fla_fn = lambda *x: fla["gdr"](*x, cp_context=ctx)[0]  # noqa: E731
+    out = {"fla_version": fla["version"], "fla_guard_bypassed": fla["guard_bypassed"]}
+    for name, fn in (("kla", kla_fn), ("fla", fla_fn)):
+        row = {}
+        try:
+            row["forward_ms"] = timed(lambda: fn(q, k, v, g, beta), iters, sync)
+
+            def both():
+                leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
+                torch.autograd.backward(fn(*leaves), my_do)
+            row["forward_backward_ms"] = timed(both, iters, sync)
+        except Exception as e:  # noqa: BLE001 - a peer's failure is a result, not a crash
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        torch.cuda.empty_cache()
+        out[name] = row
+    return out
 
 
 def compare(parts, T, args):
@@ -189,6 +254,7 @@ def main():
     ap.add_argument("--tokens", type=int, nargs="+", default=[131072, 524288, 1048576])
     ap.add_argument("--gpus", type=int, nargs="+", default=None)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--fla", action="store_true", help="time FLA's context parallelism beside")
     ap.add_argument("--compare-max", type=int, default=131072,
                     help="compare with one GPU up to this many tokens")
     args = ap.parse_args()

@@ -15,18 +15,26 @@ The algebra (SPEC section 1; proofs_check `seg.combine` states it exactly in rat
 `seg.grad_combine` the backward's fold below, reference/include/kla/ref/segment_backward.hpp): a
 segment maps its incoming state affinely, S_out = A S_in + L, A = prod_t alpha_t (I - beta_t k_t
 k_t^T) the segment's [K, K] transition (the same for every value column) and L its final state from
-a zero state. Forward, per rank: (A, L) from two kernel calls (L from a zero state; A as the final
-state of the segment run on zero values from the identity, [K, K]), an all-gather of every rank's
-(A, L), the fold S_in(r+1) = A_r S_in(r) + L_r in float64, then the segment's outputs from its true
-incoming state. Backward, the mirror image: the segment's backward from its true incoming state
-with no final-state gradient gives d S_in(r) of its own outputs, an all-gather of those, the
-reverse fold G_{r-1} = A_r^T G_r + dS_in_local(r) from the final state's gradient, then the
-segment's backward with dO and G_r gives its inputs' gradients (each segment backward recomputes
-its forward through autograd). Costs per rank, beside the collectives: three forward calls
-forward, two forward and two backward calls backward, all on T_r tokens.
+a zero state. Forward: the first rank runs its segment from h0 at once (one call) and its
+outgoing state is what the second rank needs; each middle rank computes its maps (A, L) (two
+kernel calls: L from a zero state; A as the final state of the segment run on zero values from the
+identity, [K, K]); the last rank's map would feed no later rank. One all-gather of [A | L] (the
+first rank's is [0 | S_out], the last rank's zeros), the fold S_in(r+1) = A_r S_in(r) + L_r in
+float64, then every rank but the first runs its segment from its true incoming state; the final
+state is the last rank's outgoing state, broadcast. Backward, the mirror image: the last rank knows
+its outgoing state's gradient (the final state's), so it runs its whole backward at once, and its
+dS_in is the previous rank's G; each middle rank's backward with no outgoing-state gradient gives
+dS_in of its own outputs; one all-gather, the reverse fold G_{r-1} = A_r^T G_r + dS_in_local(r),
+then every rank but the last runs its backward with dO and G_r (each segment backward recomputes
+its forward through autograd); the initial state's gradient is the first rank's dS_in, broadcast.
+Calls per rank on its T_r tokens, forward: first 1, middle 3, last 1 (after the exchange);
+backward: last 1, middle 2, first 1 (after the exchange). With two ranks the work is one pass in
+sequence (no faster than one GPU, but a sequence too long for one GPU's memory runs); from three
+on, the middle ranks' three calls on T / W tokens set the time.
 
 The library itself stays communication-free (docs/python.md, 'Context parallelism'): the pieces
 are `segment_maps`, `fold_states`, `segment_forward`, `segment_backward` and `fold_gradients`,
+scheduled per rank by `forward_piece` / `forward_finish` and `backward_piece` / `fold_backward`,
 which `simulate` composes in one process (the tests: every rank on one device, any impl), and
 `chunk_kla_cp` / `chunk_gated_delta_rule_cp` through torch.distributed (all-gathers over the
 group: NCCL on GPUs, gloo on CPUs), differentiable with torch.autograd. impl "kernels" runs
@@ -159,21 +167,80 @@ def fold_gradients(maps, d_locals, d_final):
     return outs, g.to(dt)
 
 
+def forward_piece(seg, rank, world, h0):
+    """Rank `rank` of `world` before the exchange: (piece [B, HV, K, K + V] = [A | L] for the
+    fold, o or None, S_out or None). The first rank knows its incoming state (h0), so it runs its
+    segment at once (one call) and hands on [0 | S_out]: the fold passes S_out to rank 1
+    unchanged. A middle rank's piece is its segment's maps (two calls). The last rank's map would
+    feed no later rank: it contributes zeros and runs its segment after the exchange."""
+    B, HV, K, V = seg.shape
+    if rank == 0:
+        o, s_out = segment_forward(seg, h0)
+        s_out = s_out.to(seg.state_dtype)
+        return torch.cat([s_out.new_zeros(B, HV, K, K), s_out], dim=-1), o, s_out
+    if rank < world - 1:
+        A, L = segment_maps(seg)
+        return torch.cat([A, L], dim=-1), None, None
+    return seg.q.new_zeros(B, HV, K, K + V, dtype=seg.state_dtype), None, None
+
+
+def split_pieces(pieces, K):
+    """The (A, L) maps of every rank from the exchanged [A | L] pieces."""
+    return [(x[..., :K], x[..., K:]) for x in pieces]
+
+
+def forward_finish(seg, rank, s_in, o, s_out):
+    """(o, S_out) of rank `rank` once its incoming state is known (the first rank has both)."""
+    if rank == 0:
+        return o, s_out
+    o, s_out = segment_forward(seg, s_in)
+    return o, s_out.to(seg.state_dtype)
+
+
+def backward_piece(seg, rank, world, s_in, d_o, d_final):
+    """Rank `rank` of `world` before the backward's exchange: (piece, gradients or None). The last
+    rank knows its outgoing state's gradient (the final state's): it runs its whole backward at
+    once and hands on dS_in, which is the gradient of the previous rank's outgoing state. A middle
+    rank's piece is dS_in of its own outputs (its backward with no outgoing-state gradient); the
+    first rank's (zeros) feeds no earlier rank."""
+    if rank == world - 1:
+        grads = segment_backward(seg, s_in, d_o, d_final)
+        return grads[5].to(seg.state_dtype), grads
+    if rank > 0:
+        return segment_backward(seg, s_in, d_o, None)[5].to(seg.state_dtype), None
+    B, HV, K, V = seg.shape
+    return seg.q.new_zeros(B, HV, K, V, dtype=seg.state_dtype), None
+
+
+def fold_backward(maps, pieces):
+    """The outgoing-state gradient G_r of every rank but the last, from the backward pieces:
+    G_{W-2} = pieces[W-1] (the last rank's dS_in), G_{r-1} = A_r^T G_r + pieces[r] (fold_gradients,
+    float64). The first rank's map is never used: its backward from G_0 gives the initial state's
+    gradient itself."""
+    return fold_gradients(maps[:-1], pieces[:-1], pieces[-1])[0]
+
+
 def simulate(segments, h0=None, d_os=None, d_final=None):
     """Every rank of a context-parallel call in one process, in rank order, through the same
-    pieces as chunk_kla_cp (the tests). Returns (list of o, final state) and, with d_os (one dO a
-    segment), also (list of per-segment gradients [dq, dk, dv, dg, deta], the initial state's
-    gradient)."""
-    maps = [segment_maps(s) for s in segments]
-    ins, final = fold_states(maps, h0)
-    outs = [segment_forward(s, x)[0] for s, x in zip(segments, ins)]
+    pieces and schedule as chunk_kla_cp (the tests). Returns (list of o, final state) and, with
+    d_os (one dO a segment), also (list of per-segment gradients [dq, dk, dv, dg, deta], the
+    initial state's gradient)."""
+    W = len(segments)
+    K = segments[0].shape[2]
+    first = [forward_piece(s, r, W, h0) for r, s in enumerate(segments)]
+    maps = split_pieces([x[0] for x in first], K)
+    ins = fold_states(maps, h0)[0]
+    done = [forward_finish(s, r, x, f[1], f[2])
+            for r, (s, x, f) in enumerate(zip(segments, ins, first))]
+    outs, final = [d[0] for d in done], done[-1][1]
     if d_os is None:
         return outs, final
-    d_locals = [segment_backward(s, x, d, None)[5] for s, x, d in zip(segments, ins, d_os)]
-    g_outs, d_h0 = fold_gradients(maps, d_locals, d_final)
-    grads = [segment_backward(s, x, d, gr)[:5]
-             for s, x, d, gr in zip(segments, ins, d_os, g_outs)]
-    return outs, final, grads, d_h0
+    back = [backward_piece(s, r, W, x, d, d_final)
+            for r, (s, x, d) in enumerate(zip(segments, ins, d_os))]
+    g_outs = fold_backward(maps, [b[0] for b in back]) if W > 1 else []
+    grads = [b[1] if r == W - 1 else segment_backward(s, x, d, g_outs[r])
+             for r, (s, x, d, b) in enumerate(zip(segments, ins, d_os, back))]
+    return outs, final, [gr[:5] for gr in grads], grads[0][5]
 
 
 def _all_gather(t, group):
@@ -184,37 +251,58 @@ def _all_gather(t, group):
     return parts
 
 
+def _broadcast(t, src, group):
+    """t from group rank `src` on every rank (in place)."""
+    import torch.distributed as dist
+    t = t.contiguous()
+    dist.broadcast(t, src=src if group is None else dist.get_global_rank(group, src), group=group)
+    return t
+
+
 class _ContextParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, seg, group, h0, q, k, v, g, eta):
+    def forward(ctx, seg, group, want_final, h0, q, k, v, g, eta):
         import torch.distributed as dist
-        A, L = segment_maps(seg)
-        both = _all_gather(torch.cat([A, L], dim=-1), group)
-        K = A.shape[-1]
-        maps = [(x[..., :K], x[..., K:]) for x in both]
-        ins, final = fold_states(maps, h0)
-        rank = dist.get_rank(group)
-        o, _ = segment_forward(seg, ins[rank])
-        ctx.seg, ctx.group, ctx.rank, ctx.maps = seg, group, rank, maps
-        ctx.h0_given = h0 is not None
-        ctx.save_for_backward(ins[rank])
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        piece, o, s_out = forward_piece(seg, rank, world, h0)
+        maps = split_pieces(_all_gather(piece, group), seg.shape[2])
+        s_in = fold_states(maps, h0)[0][rank]
+        o, s_out = forward_finish(seg, rank, s_in, o, s_out)
+        # The final state, replicated: the last rank's outgoing state (broadcast only if asked
+        # for; otherwise an empty tensor, and no collective).
+        final = s_out.new_empty(0)
+        if want_final:
+            final = _broadcast(s_out if rank == world - 1 else torch.empty_like(s_out),
+                               world - 1, group)
+        ctx.seg, ctx.group, ctx.rank, ctx.world, ctx.maps = seg, group, rank, world, maps
+        ctx.want_final, ctx.h0_given = want_final, h0 is not None
+        ctx.save_for_backward(s_in)
         return o, final
 
     @staticmethod
     def backward(ctx, d_o, d_final):
         import torch.distributed as dist
         (s_in,) = ctx.saved_tensors
-        seg, group, rank, maps = ctx.seg, ctx.group, ctx.rank, ctx.maps
+        seg, group, rank, world, maps = ctx.seg, ctx.group, ctx.rank, ctx.world, ctx.maps
         if d_o is None:
             d_o = seg.v.new_zeros(seg.v.shape)
         # The final state is replicated: its gradient is the sum of every copy's.
-        df = (torch.zeros_like(maps[0][1]) if d_final is None
-              else d_final.to(maps[0][1].dtype).contiguous())
-        dist.all_reduce(df, group=group)
-        d_local = segment_backward(seg, s_in, d_o, None)[5]
-        g_outs, d_h0 = fold_gradients(maps, _all_gather(d_local, group), df)
-        dq, dk, dv, dg, deta = segment_backward(seg, s_in, d_o, g_outs[rank])[:5]
-        return (None, None, d_h0 if ctx.h0_given else None, dq, dk, dv, dg, deta)
+        df = torch.zeros_like(maps[0][1])
+        if ctx.want_final:
+            if d_final is not None:
+                df = d_final.to(df.dtype).contiguous()
+            dist.all_reduce(df, group=group)
+        piece, grads = backward_piece(seg, rank, world, s_in, d_o, df)
+        if world > 1:
+            g_out = fold_backward(maps, _all_gather(piece, group))
+            if rank < world - 1:
+                grads = segment_backward(seg, s_in, d_o, g_out[rank])
+        dq, dk, dv, dg, deta, d_s_in = grads
+        d_h0 = None
+        if ctx.h0_given:  # the first rank's dS_in, replicated
+            d_h0 = _broadcast(d_s_in.to(maps[0][1].dtype) if rank == 0
+                              else torch.empty_like(maps[0][1]), 0, group)
+        return (None, None, None, d_h0, dq, dk, dv, dg, deta)
 
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
@@ -267,7 +355,7 @@ def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l
                              f"got {tuple(initial_state.shape)}")
         h0 = initial_state.to(seg.state_dtype)
     _check_ranks_agree(seg, h0, group)
-    o, final = _ContextParallel.apply(seg, group, h0, q, k, v, g, eta)
+    o, final = _ContextParallel.apply(seg, group, bool(output_final_state), h0, q, k, v, g, eta)
     return o, (final if output_final_state else None)
 
 

@@ -153,7 +153,39 @@ def test_a_fold_without_the_transitions_fails(monkeypatch):
     assert min(errs) > 1e6 * TOL_CP, (SEED, errs)
 
 
-def _rank_main(rank, world, init_file, seed, out_dir):
+def test_the_schedule_runs_each_rank_its_calls_and_no_more(monkeypatch):
+    """The schedule's cost (kla.cp docstring): segment calls per rank, forward first 1, middle 3,
+    last 1; backward (each a forward recomputed under autograd) last 1, middle 2, first 1. A
+    schedule that computes every rank's maps (3 forward calls on the first and last rank too)
+    fails this, and so does one whose results are wrong (checked against one pass)."""
+    calls = {}
+    run = cp.Segment.run
+
+    def counted(self, *a):
+        calls[id(self)] = calls.get(id(self), 0) + 1
+        return run(self, *a)
+    monkeypatch.setattr(cp.Segment, "run", counted)
+    lens = [13, 40, 7, 29]
+    gen = torch.Generator().manual_seed(SEED)
+    f64 = dict(generator=gen, dtype=torch.float64)
+    B, T, H, HV, K, V = 2, sum(lens), 1, 2, 16, 8
+    q, k, v = torch.randn(B, T, H, K, **f64), torch.randn(B, T, H, K, **f64), \
+        torch.randn(B, T, HV, V, **f64)
+    g, eta = -0.3 * torch.rand(B, T, HV, **f64), 0.05 + 0.9 * torch.rand(B, T, HV, **f64)
+    h0 = torch.randn(B, HV, K, V, **f64)
+    segs = segments(lens, P.COEFF_KACZMARZ, "scale", q, k, v, g, eta)
+    outs, final = cp.simulate(segs, h0)
+    assert [calls.get(id(s), 0) for s in segs] == [1, 3, 3, 1]
+    ref_o, ref_final = one_pass(P.COEFF_KACZMARZ, "scale", q, k, v, g, eta, h0)
+    assert rel_max(torch.cat(outs, 1), ref_o) <= TOL_CP
+    assert rel_max(final, ref_final) <= TOL_CP
+    calls.clear()
+    d_os = cut_like(lens, torch.randn(v.shape, **f64))
+    cp.simulate(segs, h0, d_os, torch.randn(final.shape, **f64))
+    assert [calls.get(id(s), 0) for s in segs] == [1 + 1, 3 + 2, 3 + 2, 1 + 1]
+
+
+def _rank_main(rank, world, init_file, seed, out_dir, want_final=True):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
@@ -163,14 +195,16 @@ def _rank_main(rank, world, init_file, seed, out_dir):
         mine = [t.detach()[:, sum(lens[:rank]):sum(lens[:rank + 1])].clone().requires_grad_()
                 for t in (q, k, v, g, eta)]
         h = h0.clone().requires_grad_()
-        o, final = cp.chunk_kla_cp(*mine, initial_state=h, output_final_state=True, impl="torch",
-                                   readout="q_l2norm")
+        o, final = cp.chunk_kla_cp(*mine, initial_state=h, output_final_state=want_final,
+                                   impl="torch", readout="q_l2norm")
         d_o, d_final = _dist_upstream(seed, v, q)
-        # Every rank's copy of the final state enters the loss once (their gradients sum).
-        loss = (o * d_o[:, sum(lens[:rank]):sum(lens[:rank + 1])]).sum() + \
-            (final * d_final).sum() / world
+        loss = (o * d_o[:, sum(lens[:rank]):sum(lens[:rank + 1])]).sum()
+        if want_final:  # every rank's copy enters the loss once (their gradients sum)
+            loss = loss + (final * d_final).sum() / world
+        else:
+            assert final is None
         loss.backward()
-        torch.save({"o": o.detach(), "final": final.detach(),
+        torch.save({"o": o.detach(), "final": final.detach() if want_final else None,
                     "grads": [t.grad for t in mine], "dh0": h.grad},
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -197,23 +231,29 @@ def _dist_upstream(seed, v, q):
                         dtype=torch.float64))
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_distributed_ranks_over_gloo_equal_one_pass(world):
+@pytest.mark.parametrize("world,want_final", [(2, True), (3, True), (3, False)])
+def test_distributed_ranks_over_gloo_equal_one_pass(world, want_final):
+    """Ranks 2 and 3 (the first, a middle and the last rank's roles); without the final state the
+    call skips its broadcast and the backward its all-reduce, and the gradients are those of the
+    outputs alone."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this torch build")
-    seed = SEED + world
+    seed = SEED + world + (0 if want_final else 17)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), seed, tmp), nprocs=world,
-                 join=True)
+        mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), seed, tmp, want_final),
+                 nprocs=world, join=True)
         got = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world)]
     lens, inputs = _dist_inputs(seed, world)
     d_o, d_final = _dist_upstream(seed, inputs[2], inputs[0])
+    if not want_final:
+        d_final = torch.zeros_like(d_final)
     ref_o, ref_final, ref_grads = reference(P.COEFF_KACZMARZ, "q_l2norm", inputs, d_o, d_final)
     errs = {"o": rel_max(torch.cat([x["o"] for x in got], 1), ref_o)}
     for r in range(world):
-        errs[f"final@{r}"] = rel_max(got[r]["final"], ref_final)
+        if want_final:
+            errs[f"final@{r}"] = rel_max(got[r]["final"], ref_final)
         errs[f"dh0@{r}"] = rel_max(got[r]["dh0"], ref_grads[5])
     for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
         errs[name] = rel_max(torch.cat([x["grads"][i] for x in got], 1), ref_grads[i])
