@@ -209,9 +209,10 @@ def given_beta_rows(mine, my_do, world, group, iters, sync, fla):
         kla_fn = lambda *x: kla.chunk_gated_delta_rule(*x)[0]  # noqa: E731
         fla_fn = lambda *x: fla["gdr"](*x)[0]  # noqa: E731
     else:
+        import torch.distributed as dist
         T = q.shape[1] * world
         ctx = fla["ctx"](cu_seqlens=torch.tensor([0, T], dtype=torch.long, device=q.device),
-                         group=group)
+                         group=group if group is not None else dist.group.WORLD)
         kla_fn = lambda *x: cp.chunk_gated_delta_rule_cp(*x, group=group)[0]  # noqa: E731
         fla_fn = lambda *x: fla["gdr"](*x, cp_context=ctx)[0]  # noqa: E731
     out = {"fla_version": fla["version"], "fla_guard_bypassed": fla["guard_bypassed"]}
