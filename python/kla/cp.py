@@ -311,7 +311,8 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.flo
 def _check_ranks_agree(seg, h0, group):
     """Every rank must hold shards of the same problem (shapes, dtype, gates, settings) and the
     same initial state: otherwise the all-gathers would mismatch (a crash or a hang) or the fold
-    would mix problems. One small all-gather of a descriptor; a clear ValueError on every rank."""
+    would mix problems. One small all-gather of a descriptor (one host synchronisation); a clear
+    ValueError on every rank."""
     B, HV, K, V = seg.shape
     s = seg.eps if isinstance(seg.eps, float) else float(seg.eps)
     desc = [B, seg.q.shape[2], HV, K, V, _DTYPE_CODES.get(seg.q.dtype, -1), seg.g is not None,
@@ -319,16 +320,19 @@ def _check_ranks_agree(seg, h0, group):
             seg.impl == "kernels", s, float(seg.scale or 0.0),
             0.0 if isinstance(seg.eta, torch.Tensor) or seg.eta is None else float(seg.eta)]
     with torch.no_grad():
-        sums = [0.0, 0.0] if h0 is None else [h0.double().sum().item(),
-                                              h0.double().square().sum().item()]
-    mine = torch.tensor([float(x) for x in desc] + sums, dtype=torch.float64,
-                        device=seg.q.device)
-    every = _all_gather(mine, group)
+        mine = torch.tensor([float(x) for x in desc] + [0.0, 0.0], dtype=torch.float64,
+                            device=seg.q.device)
+        if h0 is not None:  # on the device: the one host synchronisation is the .tolist() below
+            x = h0.double()
+            mine[-2:] = torch.stack([x.sum(), x.square().sum()])
+        every = torch.stack(_all_gather(mine, group)).tolist()
+    import torch.distributed as dist
+    mine = every[dist.get_rank(group)]
     names = ["B", "H", "HV", "K", "V", "dtype", "g given", "eta a tensor", "initial_state given",
              "coefficient", "impl", "eps", "scale", "eta value", "initial_state sum",
              "initial_state sum of squares"]
     for r, other in enumerate(every):
-        diff = [n for n, a, b in zip(names, mine.tolist(), other.tolist())
+        diff = [n for n, a, b in zip(names, mine, other)
                 if a != b and not (math.isnan(a) and math.isnan(b))]  # NaN: the same NaN state
         if diff:
             raise ValueError(f"kla.cp: the ranks disagree on {', '.join(diff)} (this rank and "
