@@ -61,6 +61,19 @@ def gbench_rows(gb):
     return rows
 
 
+def merge_cp(runs):
+    """One cp.json from several bench_cp.py runs on one machine: the first run's header, every
+    run's rows ordered by tokens then GPUs, and each run's arguments."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return None
+    out = {k: v for k, v in runs[0].items() if k not in ("rows", "args")}
+    out["runs"] = [r.get("args", {}) for r in runs]
+    out["rows"] = sorted((row for r in runs for row in r.get("rows", [])),
+                         key=lambda row: (row["tokens"], row["gpus"]))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
@@ -72,7 +85,8 @@ def main():
     ap.add_argument("--overhead-note", default="", help="where and at which commit it ran")
     ap.add_argument("--backward", help="bench/bench_backward.py's output folder (backward.json)")
     ap.add_argument("--backward-note", default="", help="where and at which commit it ran")
-    ap.add_argument("--cp", help="bench/bench_cp.py's output folder (cp.json)")
+    ap.add_argument("--cp", nargs="+", help="bench/bench_cp.py's output folders (cp.json; "
+                    "several runs on one machine are merged, rows in order)")
     ap.add_argument("--cp-note", default="", help="where and at which commit it ran")
     args = ap.parse_args()
 
@@ -307,10 +321,10 @@ def main():
               f"{pub} | {goal} | {f(r.get('kla_workspace_GiB'), '.2f')} | "
               f"{f(r.get('kla_peak_GiB'), '.2f')} | {f(r.get('fla_peak_GiB'), '.2f')} |")
         w("")
-    cp = load_json(os.path.join(args.cp, "cp.json")) if args.cp else None
+    cp = merge_cp([load_json(os.path.join(d, "cp.json")) for d in args.cp]) if args.cp else None
     if cp:
-        shutil.copy(os.path.join(args.cp, "cp.json"), os.path.join(args.docs, "performance",
-                                                                   "cp.json"))
+        with open(os.path.join(args.docs, "performance", "cp.json"), "w") as fh:
+            json.dump(cp, fh, indent=1)
         w("## Context parallelism (`python3 bench/bench_cp.py`)")
         w("")
         w(f"{cp.get('gpus_on_host', '?')}× {cp.get('device', '?')} of one host, NCCL (NVLink "
@@ -320,8 +334,9 @@ def main():
           "the heads undecayed, η = sigmoid(randn), an initial state; one GPU runs "
           "`kla.chunk_kla`, several run `kla.cp.chunk_kla_cp` on equal contiguous shards. "
           "Forward, and forward + backward (dO and d(final state) given), medians of CUDA-event "
-          "timings of the whole call after two warm-ups, the slowest rank's. \"OOM\": the "
-          "backward's workspace does not fit one GPU.")
+          "timings of the whole call after two warm-ups, the slowest rank's."
+          + (" \"OOM\": the backward's workspace does not fit one GPU."
+             if any(r.get("forward_backward_ms") is None for r in cp.get("rows", [])) else ""))
         w("")
         w("| tokens | GPUs | forward ms | forward+backward ms | vs one GPU (forward / fwd+bwd) |")
         w("|---|---|---|---|---|")
@@ -336,6 +351,35 @@ def main():
             w(f"| {r['tokens']} | {r['gpus']} | {f(r.get('forward_ms'), '.2f')} | "
               f"{f(fb, '.1f') if fb is not None else 'OOM'} | "
               f"{ratio('forward_ms')} / {ratio('forward_backward_ms')} |")
+        peer = [r for r in cp.get("rows", []) if r.get("given_beta")]
+        if peer:
+            info = peer[0]["given_beta"]
+            w("")
+            w(f"Beside FLA's context parallelism (fla-core {info.get('fla_version', '?')}, "
+              "`chunk_gated_delta_rule` with `cp_context` from `build_cp_context` over the same "
+              "group; one GPU: the plain call), like for like: kla's given-β function "
+              "(`kla.cp.chunk_gated_delta_rule_cp`; one GPU `kla.chunk_gated_delta_rule`), "
+              "β = η, on the same shards, without initial or final state (FLA's context "
+              "parallelism takes neither); forward + backward with dO only."
+              + (" FLA's Hopper guard for Triton 3.4-3.7.0 (its issue 640) was bypassed so that "
+                 "its backward runs." if info.get("fla_guard_bypassed") else ""))
+            w("")
+            w("| tokens | GPUs | kla forward ms | FLA forward ms | kla fwd+bwd ms | "
+              "FLA fwd+bwd ms | FLA / kla (forward / fwd+bwd) |")
+            w("|---|---|---|---|---|---|---|")
+            for r in peer:
+                a, b = r["given_beta"].get("kla", {}), r["given_beta"].get("fla", {})
+
+                def cell(d, key):
+                    return f(d.get(key), ".2f") if "error" not in d else "failed"
+
+                def rr(key):
+                    x, y = a.get(key), b.get(key)
+                    return f"{y / x:.2f}×" if x and y else "–"
+                w(f"| {r['tokens']} | {r['gpus']} | {cell(a, 'forward_ms')} | "
+                  f"{cell(b, 'forward_ms')} | {cell(a, 'forward_backward_ms')} | "
+                  f"{cell(b, 'forward_backward_ms')} | {rr('forward_ms')} / "
+                  f"{rr('forward_backward_ms')} |")
         cmp_rows = [r for r in cp.get("rows", []) if r.get("compare_with_one_gpu")]
         if cmp_rows:
             w("")
@@ -378,7 +422,7 @@ def main():
     w("    [--backward BACKWARD_OUTDIR] [--cp CP_OUTDIR]")
     w("# context parallelism, on a machine with several GPUs (carry build-gpu/dist):")
     w("PYTHONPATH=python KLA_CUDA_LIBRARY=$PWD/build-gpu/dist/libkla_cuda.so.4 \\")
-    w("    python3 bench/bench_cp.py --out $OUT/cp --gpus 1 2")
+    w("    python3 bench/bench_cp.py --out $OUT/cp --gpus 1 2 4 --fla   # (also PYTHONPATH+=FLA)")
     w("                                             # here: this page and docs/performance/*.png")
     w("```")
     w("")
