@@ -11,6 +11,13 @@ rank). initial_state, if given, is the sequences' initial state and must be the 
 rank; its gradient, like the final state's value, is the whole one on every rank (replicated
 tensors, as data parallelism keeps parameters).
 
+Packed sequences (cu_seqlens, FLA's cp_context convention): the ranks hold consecutive pieces of
+one packed stream (q [1, T_r, H, K], in rank order; pieces may cut sequences anywhere) and every
+rank passes the same global boundaries cu_seqlens [N + 1]; initial_state and the final state are
+[N, HV, K, V]. A rank runs its piece with the boundaries shifted to its first token and clipped to
+its piece, so a sequence it does not hold has length zero there: its map is the identity, and the
+fold below hands each sequence's state across exactly the ranks it spans, with no other change.
+
 The algebra (SPEC section 1; proofs_check `seg.combine` states it exactly in rationals, and
 `seg.grad_combine` the backward's fold below, reference/include/kla/ref/segment_backward.hpp): a
 segment maps its incoming state affinely, S_out = A S_in + L, A = prod_t alpha_t (I - beta_t k_t
@@ -38,8 +45,12 @@ scheduled per rank by `forward_piece` / `forward_finish` and `backward_piece` / 
 which `simulate` composes in one process (the tests: every rank on one device, any impl), and
 `chunk_kla_cp` / `chunk_gated_delta_rule_cp` through torch.distributed (all-gathers over the
 group: NCCL on GPUs, gloo on CPUs), differentiable with torch.autograd. impl "kernels" runs
-kla.chunk_kla (CUDA), "torch" kla.torch_impl (any device). Not supported yet: cu_seqlens (packed
-sequences across ranks), state_v_first.
+kla.chunk_kla (CUDA), "torch" kla.torch_impl (any device). Not supported: state_v_first.
+
+Errors: every rank checks its own inputs first without raising, then the ranks all-gather a
+descriptor of their problem before any other collective; a rank with invalid inputs, or ranks that
+disagree (shapes, dtype, gates, settings, cu_seqlens, initial state), make every rank raise a
+ValueError, so none is left waiting in a collective.
 """
 import math
 
@@ -67,6 +78,17 @@ class Segment:
         self.eps, self.scale, self.readout = eps, scale, readout
         self.qk_norm, self.coefficient = use_qk_l2norm_in_kernel, coefficient
         self.fp32_math, self.impl = fp32_math, impl
+        self.cu = self.cu_device = None
+
+    def set_seqlens(self, cu):
+        """This segment's sequence boundaries (B = 1): N + 1 int64 offsets into its tokens, some
+        sequences of length zero (held by other segments). None: B sequences of T_r tokens."""
+        if cu is not None and (self.q.shape[0] != 1 or int(cu[-1]) != self.q.shape[1]):
+            raise ValueError(f"kla.cp: a segment's cu_seqlens must cover its {self.q.shape[1]} "
+                             f"tokens with B = 1, got {cu.tolist()} for q {tuple(self.q.shape)}")
+        self.cu = None if cu is None else cu.to("cpu", torch.int64)
+        self.cu_device = None if cu is None else self.cu.to(self.q.device)
+        return self
 
     @property
     def state_dtype(self):
@@ -75,17 +97,21 @@ class Segment:
 
     @property
     def shape(self):
+        """(N, HV, K, V) of the states: N = B, or the number of sequences with cu_seqlens."""
         B, _, _, K = self.q.shape
-        return B, self.v.shape[2], K, self.v.shape[3]
+        N = B if self.cu is None else self.cu.numel() - 1
+        return N, self.v.shape[2], K, self.v.shape[3]
 
     def run(self, q, k, v, g, eta, h0):
         """(o, final_state) of this segment's tokens from state h0 (None: zero)."""
         if self.impl == "kernels":
             from . import api as fn
             extra = dict(fp32_math=self.fp32_math)
+            if self.cu is not None:
+                extra.update(cu_seqlens=self.cu_device, cu_seqlens_cpu=self.cu)
         else:
             from . import torch_impl as fn
-            extra = {}
+            extra = {} if self.cu is None else dict(cu_seqlens=self.cu_device)
         if self.coefficient == P.COEFF_GIVEN:
             return fn.chunk_gated_delta_rule(q, k, v, g, eta, scale=self.scale, initial_state=h0,
                                              output_final_state=True,
@@ -102,7 +128,7 @@ def segment_maps(seg):
     B, HV, K, V = seg.shape
     with torch.no_grad():
         _, L = seg.run(seg.q, seg.k, seg.v, seg.g, seg.eta, None)
-        zeros = seg.v.new_zeros(B, seg.v.shape[1], HV, K)
+        zeros = seg.v.new_zeros(*seg.v.shape[:3], K)
         eye = torch.eye(K, dtype=seg.state_dtype, device=seg.q.device).expand(B, HV, K, K)
         _, A = seg.run(seg.q, seg.k, zeros, seg.g, seg.eta, eye.contiguous())
     return A.to(seg.state_dtype), L.to(seg.state_dtype)
@@ -308,57 +334,113 @@ class _ContextParallel(torch.autograd.Function):
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 
 
-def _check_ranks_agree(seg, h0, group):
-    """Every rank must hold shards of the same problem (shapes, dtype, gates, settings) and the
-    same initial state: otherwise the all-gathers would mismatch (a crash or a hang) or the fold
-    would mix problems. One small all-gather of a descriptor (one host synchronisation); a clear
-    ValueError on every rank."""
-    B, HV, K, V = seg.shape
-    s = seg.eps if isinstance(seg.eps, float) else float(seg.eps)
-    desc = [B, seg.q.shape[2], HV, K, V, _DTYPE_CODES.get(seg.q.dtype, -1), seg.g is not None,
-            isinstance(seg.eta, torch.Tensor), h0 is not None, seg.coefficient,
-            seg.impl == "kernels", s, float(seg.scale or 0.0),
-            0.0 if isinstance(seg.eta, torch.Tensor) or seg.eta is None else float(seg.eta)]
-    with torch.no_grad():
-        mine = torch.tensor([float(x) for x in desc] + [0.0, 0.0], dtype=torch.float64,
-                            device=seg.q.device)
-        if h0 is not None:  # on the device: the one host synchronisation is the .tolist() below
-            x = h0.double()
-            mine[-2:] = torch.stack([x.sum(), x.square().sum()])
-        every = torch.stack(_all_gather(mine, group)).tolist()
+def _global_seqlens(q, cu_seqlens):
+    """The global sequence boundaries as a CPU int64 tensor (None without cu_seqlens), checked."""
+    if cu_seqlens is None:
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or \
+            cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError("kla.cp: cu_seqlens must be a 1-d int32 / int64 tensor of N + 1 >= 2 "
+                         "global sequence boundaries (the packed stream over every rank)")
+    if q.shape[0] != 1:
+        raise ValueError(f"kla.cp: the batch size must be 1 with cu_seqlens (the ranks hold "
+                         f"consecutive pieces of one packed stream), got B = {q.shape[0]}")
+    cu = cu_seqlens.detach().to("cpu", torch.int64)
+    if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"kla.cp: cu_seqlens must start at 0 and never decrease, got "
+                         f"{cu.tolist()[:8]}{'...' if cu.numel() > 8 else ''}")
+    return cu
+
+
+def _local_seqlens(cu, lengths, rank):
+    """This rank's boundaries: the global ones shifted to its first token and clipped to its
+    shard, so a sequence it does not hold has length zero here (an identity map in the fold)."""
+    off = sum(lengths[:rank])
+    return (cu - off).clamp(0, lengths[rank])
+
+
+_FIELDS = ["inputs valid", "B", "H", "HV", "K", "V", "dtype", "g given", "eta a tensor",
+           "initial_state given", "coefficient", "impl", "eps", "scale", "eta value",
+           "sequences (cu_seqlens)", "cu_seqlens sum", "cu_seqlens weighted sum",
+           "initial_state sum", "initial_state sum of squares"]
+
+
+def _check_ranks_agree(seg, h0, cu, group, error):
+    """Every rank must hold shards of the same problem (shapes, dtype, gates, settings, the
+    same global cu_seqlens) and the same initial state: otherwise the all-gathers would mismatch
+    (a crash or a hang) or the fold would mix problems. One small all-gather of a descriptor (one
+    host synchronisation) before any other collective; a rank whose own inputs were invalid
+    (`error`, a ValueError it raised) takes part too, so that every rank raises a clear
+    ValueError and none waits. Returns every rank's shard length, in rank order."""
     import torch.distributed as dist
-    mine = every[dist.get_rank(group)]
-    names = ["B", "H", "HV", "K", "V", "dtype", "g given", "eta a tensor", "initial_state given",
-             "coefficient", "impl", "eps", "scale", "eta value", "initial_state sum",
-             "initial_state sum of squares"]
+    desc = [0.0] * len(_FIELDS)
+    if error is None:
+        N, HV, K, V = seg.shape
+        e = seg.eps if isinstance(seg.eps, float) else float(seg.eps)
+        desc = [1, seg.q.shape[0], seg.q.shape[2], HV, K, V, _DTYPE_CODES.get(seg.q.dtype, -1),
+                seg.g is not None, isinstance(seg.eta, torch.Tensor), h0 is not None,
+                seg.coefficient, seg.impl == "kernels", e, float(seg.scale or 0.0),
+                0.0 if isinstance(seg.eta, torch.Tensor) or seg.eta is None else float(seg.eta),
+                -1 if cu is None else cu.numel() - 1, 0 if cu is None else int(cu.sum()),
+                0 if cu is None else int((cu * torch.arange(1, cu.numel() + 1)).sum()), 0, 0]
+    device = seg.q.device if seg is not None else torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    with torch.no_grad():
+        t_r = float(seg.q.shape[1]) if error is None else 0.0
+        mine = torch.tensor([float(x) for x in desc] + [t_r], dtype=torch.float64,
+                            device=device)
+        if error is None and h0 is not None:  # on the device: the one host synchronisation is
+            x = h0.to(device, torch.float64)   # the .tolist() below
+            mine[-3:-1] = torch.stack([x.sum(), x.square().sum()])
+        every = torch.stack(_all_gather(mine, group)).tolist()
+    rank = dist.get_rank(group)
+    if error is not None:
+        raise error
+    bad = [r for r, other in enumerate(every) if other[0] != 1.0]
+    if bad:
+        raise ValueError(f"kla.cp: rank {bad[0]}'s inputs are invalid (that rank raised the "
+                         "error); every rank stops")
+    mine = every[rank]
     for r, other in enumerate(every):
-        diff = [n for n, a, b in zip(names, mine, other)
+        diff = [n for n, a, b in zip(_FIELDS, mine, other)
                 if a != b and not (math.isnan(a) and math.isnan(b))]  # NaN: the same NaN state
         if diff:
             raise ValueError(f"kla.cp: the ranks disagree on {', '.join(diff)} (this rank and "
                              f"rank {r}): every rank passes a shard of the same problem and the "
                              "same initial_state")
+    lengths = [int(x[-1]) for x in every]
+    if cu is not None and int(cu[-1]) != sum(lengths):
+        raise ValueError(f"kla.cp: cu_seqlens ends at {int(cu[-1])}, but the ranks' shards "
+                         f"hold {sum(lengths)} tokens ({lengths})")
+    return lengths
 
 
 def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         group, readout, coefficient, fp32_math, impl, cu_seqlens):
     import torch.distributed as dist
-    if cu_seqlens is not None:
-        raise NotImplementedError("kla.cp: cu_seqlens (packed sequences across ranks) is not "
-                                  "supported yet; pass [B, T_r, ...] shards of B sequences")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("kla.cp: torch.distributed is not initialised (init_process_group "
                            "first; kla.cp.simulate runs the ranks in one process)")
-    seg = Segment(q, k, v, g, eta, eps, scale, readout, use_qk_l2norm_in_kernel, coefficient,
-                  fp32_math, impl)
-    B, HV, K, V = seg.shape
-    h0 = None
-    if initial_state is not None:
-        if tuple(initial_state.shape) != (B, HV, K, V):
-            raise ValueError(f"kla.cp: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}, "
-                             f"got {tuple(initial_state.shape)}")
-        h0 = initial_state.to(seg.state_dtype)
-    _check_ranks_agree(seg, h0, group)
+    # This rank's inputs, checked without raising yet: a rank that raised before the first
+    # collective would leave the others waiting in it.
+    seg, h0, cu, error = None, None, None, None
+    try:
+        seg = Segment(q, k, v, g, eta, eps, scale, readout, use_qk_l2norm_in_kernel, coefficient,
+                      fp32_math, impl)
+        cu = _global_seqlens(q, cu_seqlens)
+        N = q.shape[0] if cu is None else cu.numel() - 1
+        HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+        if initial_state is not None:
+            if tuple(initial_state.shape) != (N, HV, K, V):
+                raise ValueError(f"kla.cp: initial_state must be [N, HV, K, V] = "
+                                 f"{(N, HV, K, V)}, got {tuple(initial_state.shape)}")
+            h0 = initial_state.to(seg.state_dtype)
+    except ValueError as e:
+        error = e
+    lengths = _check_ranks_agree(seg, h0, cu, group, error)
+    if cu is not None:
+        seg.set_seqlens(_local_seqlens(cu, lengths, dist.get_rank(group)))
     o, final = _ContextParallel.apply(seg, group, bool(output_final_state), h0, q, k, v, g, eta)
     return o, (final if output_final_state else None)
 

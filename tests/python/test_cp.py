@@ -5,6 +5,9 @@ state and every gradient (q, k, v, g, eta, the initial state). impl 'torch' in f
 sides are the same algebra in float64 and differ only by rounding: the comparison is max-abs over
 RMS (reference.py's rel_max) against TOL_CP. Fresh random inputs and cuts every run; the seed is in
 the failure message. A planted fault (the fold without the segments' transitions) must fail it.
+Packed streams with global cu_seqlens (FLA's cp_context convention) are cut into segments the
+same way, against one pass over the stream (TOL_PACKED below). The schedule's calls per rank are
+counted, and ranks that disagree or hold invalid inputs must all raise, none left waiting.
 
 TOL_CP: the fold S_in(r+1) = A_r S_in(r) + L_r replaces one pass's state hand-offs by a product
 with the [K, K] transition and a sum, a few float64 roundings per segment on values of the state's
@@ -27,6 +30,10 @@ from reference import rel_max
 
 SEED = int.from_bytes(os.urandom(4), "little")
 TOL_CP = 700 * 2.0**-53
+# The packed streams (packed(): K = 16, V = 8, sequences of 0..60 tokens, up to 5 segments): the
+# same algebra on smaller problems; measured worst over 150 draws 7.7e-15 (dv; outputs 3.0e-15,
+# final states 1.7e-15); twice that is 140 u64.
+TOL_PACKED = 140 * 2.0**-53
 
 
 def draw(seed, coefficient, readout, with_g, eta_kind, with_h0):
@@ -185,6 +192,61 @@ def test_the_schedule_runs_each_rank_its_calls_and_no_more(monkeypatch):
     assert [calls.get(id(s), 0) for s in segs] == [1 + 1, 3 + 2, 3 + 2, 1 + 1]
 
 
+def packed(seed, n_seq, n_seg):
+    """A packed stream of n_seq sequences (lengths 0..60, a 0 among them) with their global
+    cu_seqlens, cut into n_seg segments at random points (some cuts inside sequences, some on
+    their boundaries, empty segments possible), float64, GDN-style gates."""
+    gen = torch.Generator().manual_seed(seed)
+    seq = [int(x) for x in torch.randint(0, 61, (n_seq,), generator=gen)]
+    seq[int(torch.randint(0, n_seq, (1,), generator=gen))] = 0
+    seq[0] = max(seq[0], 1)
+    T = sum(seq)
+    cu = torch.tensor([0] + seq).cumsum(0)
+    cuts = [int(x) for x in torch.randint(0, T + 1, (n_seg - 1,), generator=gen)]
+    if cuts:
+        cuts[0] = int(cu[1])  # one cut on a sequence boundary
+    cuts = sorted(cuts)
+    lens = [b - a for a, b in zip([0] + cuts, cuts + [T])]
+    H, HV, K, V = 1, 2, 16, 8
+    f64 = dict(generator=gen, dtype=torch.float64)
+    q, k = torch.randn(1, T, H, K, **f64), torch.randn(1, T, H, K, **f64)
+    v = torch.randn(1, T, HV, V, **f64)
+    g = -torch.rand(1, T, HV, **f64) * 0.3
+    eta = torch.rand(1, T, HV, **f64) * 0.9 + 0.05
+    h0 = torch.randn(n_seq, HV, K, V, **f64)
+    return cu, lens, (q, k, v, g, eta, h0)
+
+
+@pytest.mark.parametrize("n_seq,n_seg", [(1, 3), (4, 2), (5, 4), (7, 5)])
+def test_packed_sequences_across_segments_equal_one_pass(n_seq, n_seg):
+    """cu_seqlens across ranks: each segment holds a piece of the packed stream with its
+    boundaries shifted and clipped (sequences it does not hold have length zero there, identity
+    maps in the fold), and the whole equals one pass over the stream with the global boundaries,
+    outputs, every sequence's final state and every gradient."""
+    for i in range(3):
+        seed = SEED + 31 * n_seq + 977 * i
+        cu, lens, inputs = packed(seed, n_seq, n_seg)
+        q, k, v, g, eta, h0 = inputs
+        gen = torch.Generator().manual_seed(seed + 1)
+        d_o = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+        d_final = torch.randn(h0.shape, generator=gen, dtype=torch.float64)
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        o, final = torch_impl.chunk_kla(*leaves[:5], initial_state=leaves[5],
+                                        output_final_state=True, cu_seqlens=cu)
+        ref = torch.autograd.grad((o, final), leaves, (d_o, d_final))
+        segs = [s.set_seqlens(cp._local_seqlens(cu, lens, r))
+                for r, s in enumerate(segments(lens, P.COEFF_KACZMARZ, "scale", q, k, v, g,
+                                               eta))]
+        outs, got_final, grads, d_h0 = cp.simulate(segs, h0, cut_like(lens, d_o), d_final)
+        errs = {"o": rel_max(torch.cat(outs, 1), o.detach()),
+                "final": rel_max(got_final, final.detach()), "dh0": rel_max(d_h0, ref[5])}
+        for j, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
+            errs[name] = rel_max(torch.cat([gr[j] for gr in grads], 1), ref[j])
+        worst = max(errs, key=errs.get)
+        assert errs[worst] <= TOL_PACKED, (f"seed {seed}, segments {lens}, cu {cu.tolist()}: "
+                                       f"{worst} {errs[worst]:.3e} ({errs})")
+
+
 def _rank_main(rank, world, init_file, seed, out_dir, want_final=True):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -261,6 +323,55 @@ def test_distributed_ranks_over_gloo_equal_one_pass(world, want_final):
     assert errs[worst] <= TOL_CP, f"seed {seed}, shards {lens}: {worst} {errs[worst]:.3e} ({errs})"
 
 
+def _packed_main(rank, world, init_file, seed, out_dir):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        cu, lens, inputs = packed(seed, 5, world)
+        q, k, v, g, eta, h0 = inputs
+        sl = slice(sum(lens[:rank]), sum(lens[:rank + 1]))
+        mine = [t.detach()[:, sl].clone().requires_grad_() for t in (q, k, v, g, eta)]
+        h = h0.clone().requires_grad_()
+        o, final = cp.chunk_kla_cp(*mine, initial_state=h, output_final_state=True, impl="torch",
+                                   cu_seqlens=cu.to(torch.int32))
+        gen = torch.Generator().manual_seed(seed + 1)
+        d_o = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+        d_final = torch.randn(h0.shape, generator=gen, dtype=torch.float64)
+        ((o * d_o[:, sl]).sum() + (final * d_final).sum() / world).backward()
+        torch.save({"o": o.detach(), "final": final.detach(), "grads": [t.grad for t in mine],
+                    "dh0": h.grad}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_packed_sequences_over_gloo_equal_one_pass():
+    """Three ranks over gloo, each with its piece of a packed stream of five sequences and the
+    global cu_seqlens (FLA's cp_context convention), against one pass over the stream."""
+    import torch.multiprocessing as mp
+    seed, world = SEED + 101, 3
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_packed_main, args=(world, os.path.join(tmp, "init"), seed, tmp), nprocs=world,
+                 join=True)
+        got = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world)]
+    cu, lens, inputs = packed(seed, 5, world)
+    gen = torch.Generator().manual_seed(seed + 1)
+    d_o = torch.randn(inputs[2].shape, generator=gen, dtype=torch.float64)
+    d_final = torch.randn(inputs[5].shape, generator=gen, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    o, final = torch_impl.chunk_kla(*leaves[:5], initial_state=leaves[5],
+                                    output_final_state=True, cu_seqlens=cu)
+    ref = torch.autograd.grad((o, final), leaves, (d_o, d_final))
+    errs = {"o": rel_max(torch.cat([x["o"] for x in got], 1), o.detach())}
+    for r in range(world):
+        errs[f"final@{r}"] = rel_max(got[r]["final"], final.detach())
+        errs[f"dh0@{r}"] = rel_max(got[r]["dh0"], ref[5])
+    for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
+        errs[name] = rel_max(torch.cat([x["grads"][i] for x in got], 1), ref[i])
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= TOL_PACKED, f"seed {seed}, shards {lens}: {worst} {errs[worst]:.3e}"
+
+
 def _mismatch_main(rank, world, init_file, what, out_dir):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -271,8 +382,14 @@ def _mismatch_main(rank, world, init_file, what, out_dir):
         v = torch.randn(1, 5 + rank, 1, 8, dtype=torch.float64)
         h0 = torch.full((1, 1, K, 8), 0.5 if (what != "h0" or rank == 0) else 0.25,
                         dtype=torch.float64)
+        cu = None
+        if what == "cu_seqlens":  # both end at 11 tokens (5 + 6), cut differently
+            cu = torch.tensor([0, 3, 11] if rank == 0 else [0, 4, 11])
+            h0 = h0.expand(2, 1, K, 8)
+        if what == "invalid" and rank == 1:
+            h0 = h0[:, :, :4]  # a wrong shape on one rank only: it raises, the other must too
         try:
-            cp.chunk_kla_cp(q, q, v, None, 0.5, initial_state=h0, impl="torch")
+            cp.chunk_kla_cp(q, q, v, None, 0.5, initial_state=h0, impl="torch", cu_seqlens=cu)
             msg = "no error"
         except ValueError as e:
             msg = str(e)
@@ -282,17 +399,23 @@ def _mismatch_main(rank, world, init_file, what, out_dir):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("what,word", [("K", "K"), ("h0", "initial_state sum")])
+@pytest.mark.parametrize("what,word", [("K", "K"), ("h0", "initial_state sum"),
+                                       ("cu_seqlens", "cu_seqlens weighted sum"),
+                                       ("invalid", "initial_state must be|rank 1's inputs")])
 def test_ranks_that_disagree_get_a_clear_error_not_a_hang(what, word):
-    """Shards of different problems (here K) or different initial states: every rank raises a
-    ValueError naming what differs, before any collective whose sizes would mismatch."""
+    """Shards of different problems (here K, or the packed stream's boundaries), different
+    initial states, or invalid inputs on one rank only: every rank raises a ValueError naming
+    what is wrong, before any collective whose sizes would mismatch (none waits)."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_mismatch_main, args=(2, os.path.join(tmp, "init"), what, tmp), nprocs=2,
                  join=True)
         msgs = [open(os.path.join(tmp, f"rank{r}.txt")).read() for r in range(2)]
+    import re
     for m in msgs:
-        assert "ranks disagree" in m and word in m, msgs
+        assert m != "no error" and re.search(word, m), msgs
+        if what != "invalid":
+            assert "ranks disagree" in m, msgs
 
 
 def test_errors_are_clear():
@@ -300,8 +423,6 @@ def test_errors_are_clear():
     v = torch.randn(1, 8, 1, 16)
     with pytest.raises(RuntimeError, match="not initialised"):
         cp.chunk_kla_cp(q, q, v, impl="torch")
-    with pytest.raises(NotImplementedError, match="cu_seqlens"):
-        cp.chunk_kla_cp(q, q, v, impl="torch", cu_seqlens=torch.tensor([0, 8]))
     with pytest.raises(ValueError, match="impl"):
         cp.Segment(q, q, v, None, None, 1e-6, None, "scale", False, P.COEFF_KACZMARZ,
                    impl="triton")

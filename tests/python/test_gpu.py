@@ -523,35 +523,42 @@ def test_eager_fast_path_equals_the_op(monkeypatch):
 
 
 # ---- context parallelism (kla.cp), ranks simulated on this one GPU ------------------------------
+@pytest.mark.parametrize("packed", [False, True], ids=["one_sequence", "packed"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_context_parallel_simulated_ranks(dtype):
-    """kla.cp.simulate through the kernels: one sequence of 300 tokens in four shards (90, 1, 130,
-    79 tokens: a one-token rank, shards off the 64-token chunk grid), against the float64
+def test_context_parallel_simulated_ranks(dtype, packed):
+    """kla.cp.simulate through the kernels: 300 tokens in four shards (90, 1, 130, 79 tokens: a
+    one-token rank, shards off the 64-token chunk grid), one sequence or (packed) four sequences
+    of 70, 0, 130 and 100 tokens with global cu_seqlens (each shard's boundaries shifted and
+    clipped: sequences a shard does not hold have length zero in its calls), against the float64
     recurrence and its autograd gradients on the same rounded inputs. Bounds as the single pass
     (check / test_autograd_matches_float64_gradients), the gradients' fp32 allowance 3e-6
     instead of 1.5e-6: every segment's backward starts from a state and a state gradient that the
     fold composed from the kernels' transitions (each fp32-grade, about 1e-6 relative). Measured
-    on an H200: at most 1.9e-6 beyond the rounding (bf16 dh0), 8.2e-7 in fp32."""
+    on an H200 (one sequence): at most 1.9e-6 beyond the rounding (bf16 dh0), 8.2e-7 in fp32."""
     import kla.cp as cp
     from kla import _params as P
     B, T, H, HV, K, V = 1, 300, 2, 4, 64, 64
     lens = [90, 1, 130, 79]
+    cu = torch.tensor([0, 70, 70, 200, 300]) if packed else None
+    N = 4 if packed else B
     q, k, v, g, eta = inputs(B, T, H, HV, K, V, dtype, seed=90)
-    h0 = state0(B, HV, K, V, seed=91)
+    h0 = state0(N, HV, K, V, seed=91)
     gen = torch.Generator(device=DEV).manual_seed(92)
     do = torch.randn(B, T, HV, V, device=DEV, generator=gen).to(dtype)
-    dht = torch.randn(B, HV, K, V, device=DEV, generator=gen)
+    dht = torch.randn(N, HV, K, V, device=DEV, generator=gen)
     segs, s = [], 0
-    for n in lens:
+    for r, n in enumerate(lens):
         sl = slice(s, s + n)
         s += n
         segs.append(cp.Segment(q[:, sl], k[:, sl], v[:, sl], g[:, sl], eta[:, sl], 1e-6, None,
                                "scale", False, P.COEFF_KACZMARZ, impl="kernels"))
+        if packed:
+            segs[-1].set_seqlens(cp._local_seqlens(cu, lens, r))
     cuts = [do[:, sum(lens[:r]):sum(lens[:r + 1])] for r in range(len(lens))]
     outs, final, grads, d_h0 = cp.simulate(segs, h0, cuts, dht)
-    ro, rt = recurrence(q, k, v, g, eta, eps=1e-6, initial_state=h0)
+    ro, rt = recurrence(q, k, v, g, eta, eps=1e-6, initial_state=h0, cu_seqlens=cu)
     check(torch.cat(outs, 1), ro, dtype, final, rt)
-    want = gradients(q, k, v, g, eta, h0, do, dht, eps=1e-6)
+    want = gradients(q, k, v, g, eta, h0, do, dht, eps=1e-6, cu_seqlens=cu)
     got = [torch.cat([gr[i] for gr in grads], 1) for i in range(5)] + [d_h0]
     for name, x, ref in zip(("dq", "dk", "dv", "dg", "deta", "dh0"), got, want):
         bound = rel_rms(ref.to(x.dtype), ref) + 3e-6
