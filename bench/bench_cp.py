@@ -15,6 +15,11 @@ the same inputs (relative RMS; rank 0 computes the one-GPU result where it fits 
 Writes cp.json (every measurement, device, torch version) to --out and prints a progress line a
 case. NVLink multicast is left off (NCCL_NVLS_ENABLE=0, the device notes).
 
+Packed cases (--packed-tokens T..., --packed N): N sequences of random lengths summing to T
+(global cu_seqlens, the same on every rank; FLA's cp_context convention), each rank holding T /
+world consecutive tokens of the packed stream, so that shards cut sequences anywhere; the same
+timings and the same comparison with one GPU (kla.chunk_kla with the global cu_seqlens).
+
 Beside FLA's context parallelism (--fla, with FLA installed): FLA's chunk_gated_delta_rule with
 its cp_context (fla.ops.cp.build_cp_context over the same group and the global cu_seqlens [0, T];
 one GPU: the plain call) and, like for like, kla's given-beta function (kla.cp.
@@ -34,7 +39,17 @@ import time
 import torch
 
 
-def make_inputs(T, seed, device):
+def seqlens(T, packed, seed):
+    """Global cu_seqlens (CPU int64) of `packed` sequences of random lengths summing to T, or None
+    (one sequence)."""
+    if not packed:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(T - 1, generator=gen)[:packed - 1].sort().values + 1
+    return torch.cat([torch.tensor([0]), cuts, torch.tensor([T])]).to(torch.int64)
+
+
+def make_inputs(T, seed, device, n=1):
     gen = torch.Generator(device=device).manual_seed(seed)
     H = HV = 16
     K = V = 128
@@ -45,9 +60,9 @@ def make_inputs(T, seed, device):
     g[..., : HV // 4] = 0.0  # a quarter of the heads undecayed (the peers' inputs): their state
     # carries across the whole sequence, so the ranks' hand-off is what those heads measure
     eta = torch.sigmoid(torch.randn(1, T, HV, device=device, generator=gen))
-    h0 = 0.1 * torch.randn(1, HV, K, V, device=device, generator=gen)
+    h0 = 0.1 * torch.randn(n, HV, K, V, device=device, generator=gen)
     do = torch.randn(1, T, HV, V, device=device, generator=gen).bfloat16()
-    dht = torch.randn(1, HV, K, V, device=device, generator=gen)
+    dht = torch.randn(n, HV, K, V, device=device, generator=gen)
     return q.bfloat16(), k.bfloat16(), v.bfloat16(), g, eta, h0, do, dht
 
 
@@ -72,11 +87,13 @@ def timed(fn, iters, sync):
     return statistics.median(times)
 
 
-def run_case(rank, world, T, iters, group, fla):
+def run_case(rank, world, T, iters, group, fla, packed=0):
     import kla
     import kla.cp as cp
     dev = torch.device("cuda", torch.cuda.current_device())
-    q, k, v, g, eta, h0, do, dht = make_inputs(T, 1234, dev)
+    cu = seqlens(T, packed, 4321)
+    q, k, v, g, eta, h0, do, dht = make_inputs(T, 1234, dev, 1 if cu is None else packed)
+    seq = {} if cu is None else {"cu_seqlens": cu.to(dev)}
     n = T // world
     sl = slice(rank * n, (rank + 1) * n)
     mine = [x[:, sl].contiguous() for x in (q, k, v, g, eta)]
@@ -85,11 +102,12 @@ def run_case(rank, world, T, iters, group, fla):
     torch.cuda.empty_cache()
     if world == 1:
         sync = torch.cuda.synchronize
-        fwd = lambda: kla.chunk_kla(*mine, initial_state=h0, output_final_state=True)  # noqa
+        fwd = lambda: kla.chunk_kla(*mine, initial_state=h0, output_final_state=True, **seq)  # noqa
 
         def fwd_bwd(keep=None):
             leaves = [x.detach().requires_grad_() for x in mine] + [h0.detach().requires_grad_()]
-            o, f = kla.chunk_kla(*leaves[:5], initial_state=leaves[5], output_final_state=True)
+            o, f = kla.chunk_kla(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                                 **seq)
             torch.autograd.backward((o, f), (my_do, dht))
             if keep is not None:
                 keep.extend([o.detach(), f.detach()] + [x.grad for x in leaves])
@@ -100,18 +118,18 @@ def run_case(rank, world, T, iters, group, fla):
             torch.cuda.synchronize()
             dist.barrier(group=group)
         fwd = lambda: cp.chunk_kla_cp(*mine, initial_state=h0, output_final_state=True,  # noqa
-                                      group=group)
+                                      group=group, **seq)
 
         def fwd_bwd(keep=None):
             leaves = [x.detach().requires_grad_() for x in mine] + [h0.detach().requires_grad_()]
             o, f = cp.chunk_kla_cp(*leaves[:5], initial_state=leaves[5], output_final_state=True,
-                                   group=group)
+                                   group=group, **seq)
             # The final state is replicated on every rank: each copy carries 1/world of dht.
             torch.autograd.backward((o, f), (my_do, dht / world))
             if keep is not None:
                 keep.extend([o.detach(), f.detach()] + [x.grad for x in leaves])
-    res = {"tokens": T, "gpus": world}
-    if fla is not None:
+    res = {"tokens": T, "gpus": world, "sequences": 1 if cu is None else packed}
+    if fla is not None and cu is None:
         res["given_beta"] = given_beta_rows(mine, my_do, world, group, iters, sync, fla)
     try:
         res["forward_ms"] = timed(fwd, iters, sync)
@@ -141,8 +159,9 @@ def worker(rank, world, args, init_file, out_file):
                                 world_size=world, device_id=torch.device("cuda", rank))
     fla = load_fla() if args.fla else None
     rows = []
-    for T in args.tokens:
-        r = run_case(rank, world, T, args.iters, group, fla)
+    cases = [(T, 0) for T in args.tokens] + [(T, args.packed) for T in args.packed_tokens]
+    for T, packed in cases:
+        r = run_case(rank, world, T, args.iters, group, fla, packed)
         keep = r.pop("_keep", None)
         if world > 1:
             import torch.distributed as dist
@@ -165,10 +184,10 @@ def worker(rank, world, args, init_file, out_file):
                     dist.all_gather(got, x)
                     parts[name] = torch.cat(got, 1)
                 if rank == 0:
-                    r["compare_with_one_gpu"] = compare(parts, T, args)
+                    r["compare_with_one_gpu"] = compare(parts, T, packed)
         if rank == 0:
             rows.append(r)
-            print(f"bench_cp: {T} tokens, {world} GPU(s): forward {r.get('forward_ms')} ms, "
+            print(f"bench_cp: {T} tokens in {r['sequences']} sequence(s), {world} GPU(s): forward {r.get('forward_ms')} ms, "
                   f"forward+backward {r.get('forward_backward_ms')} ms "
                   f"{r.get('compare_with_one_gpu', '')} {r.get('given_beta', '')}", flush=True)
     if rank == 0:
@@ -232,13 +251,15 @@ def given_beta_rows(mine, my_do, world, group, iters, sync, fla):
     return out
 
 
-def compare(parts, T, args):
+def compare(parts, T, packed):
     """Relative RMS of the context-parallel results against one GPU's on the same inputs."""
     import kla
     dev = torch.device("cuda", 0)
-    q, k, v, g, eta, h0, do, dht = make_inputs(T, 1234, dev)
+    cu = seqlens(T, packed, 4321)
+    q, k, v, g, eta, h0, do, dht = make_inputs(T, 1234, dev, 1 if cu is None else packed)
+    seq = {} if cu is None else {"cu_seqlens": cu.to(dev)}
     leaves = [x.detach().requires_grad_() for x in (q, k, v, g, eta, h0)]
-    o, f = kla.chunk_kla(*leaves[:5], initial_state=leaves[5], output_final_state=True)
+    o, f = kla.chunk_kla(*leaves[:5], initial_state=leaves[5], output_final_state=True, **seq)
     torch.autograd.backward((o, f), (do, dht))
     ref = {"o": o.detach(), "final": f.detach()}
     for name, x in zip(("dq", "dk", "dv", "dg", "deta", "dh0"), leaves):
@@ -256,6 +277,10 @@ def main():
     ap.add_argument("--gpus", type=int, nargs="+", default=None)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--fla", action="store_true", help="time FLA's context parallelism beside")
+    ap.add_argument("--packed", type=int, default=8,
+                    help="sequences in the packed cases (random lengths, global cu_seqlens)")
+    ap.add_argument("--packed-tokens", type=int, nargs="*", default=[],
+                    help="total tokens of each packed case (none by default)")
     ap.add_argument("--compare-max", type=int, default=131072,
                     help="compare with one GPU up to this many tokens")
     args = ap.parse_args()

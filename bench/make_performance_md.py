@@ -70,7 +70,7 @@ def merge_cp(runs):
     out = {k: v for k, v in runs[0].items() if k not in ("rows", "args")}
     out["runs"] = [r.get("args", {}) for r in runs]
     out["rows"] = sorted((row for r in runs for row in r.get("rows", [])),
-                         key=lambda row: (row["tokens"], row["gpus"]))
+                         key=lambda row: (row.get("sequences", 1), row["tokens"], row["gpus"]))
     return out
 
 
@@ -332,24 +332,28 @@ def main():
           f"{'; ' + args.cp_note if args.cp_note else ''}. One sequence (B = 1), H = HV = 16, "
           "K = V = 128, bf16, l2-normalised q and k, g = logsigmoid(randn)/16 with a quarter of "
           "the heads undecayed, η = sigmoid(randn), an initial state; one GPU runs "
-          "`kla.chunk_kla`, several run `kla.cp.chunk_kla_cp` on equal contiguous shards. "
+          "`kla.chunk_kla`, several run `kla.cp.chunk_kla_cp` on equal contiguous shards; "
+          "rows with several sequences pack them (random lengths) with global `cu_seqlens`, "
+          "shards cutting them anywhere. "
           "Forward, and forward + backward (dO and d(final state) given), medians of CUDA-event "
           "timings of the whole call after two warm-ups, the slowest rank's."
           + (" \"OOM\": the backward's workspace does not fit one GPU."
              if any(r.get("forward_backward_ms") is None for r in cp.get("rows", [])) else ""))
         w("")
-        w("| tokens | GPUs | forward ms | forward+backward ms | vs one GPU (forward / fwd+bwd) |")
-        w("|---|---|---|---|---|")
-        one = {r["tokens"]: r for r in cp.get("rows", []) if r["gpus"] == 1}
+        w("| tokens | sequences | GPUs | forward ms | forward+backward ms | vs one GPU (forward "
+          "/ fwd+bwd) |")
+        w("|---|---|---|---|---|---|")
+        one = {(r["tokens"], r.get("sequences", 1)): r for r in cp.get("rows", [])
+               if r["gpus"] == 1}
         for r in cp.get("rows", []):
-            base = one.get(r["tokens"], {})
+            base = one.get((r["tokens"], r.get("sequences", 1)), {})
 
             def ratio(key):
                 a, b = base.get(key), r.get(key)
                 return f"{a / b:.2f}×" if a and b else "–"
             fb = r.get("forward_backward_ms")
-            w(f"| {r['tokens']} | {r['gpus']} | {f(r.get('forward_ms'), '.2f')} | "
-              f"{f(fb, '.1f') if fb is not None else 'OOM'} | "
+            w(f"| {r['tokens']} | {r.get('sequences', 1)} | {r['gpus']} | "
+              f"{f(r.get('forward_ms'), '.2f')} | {f(fb, '.1f') if fb is not None else 'OOM'} | "
               f"{ratio('forward_ms')} / {ratio('forward_backward_ms')} |")
         peer = [r for r in cp.get("rows", []) if r.get("given_beta")]
         if peer:
@@ -387,11 +391,11 @@ def main():
               "against `kla.chunk_kla`'s):")
             w("")
             names = list(cmp_rows[0]["compare_with_one_gpu"])
-            w("| tokens | GPUs | " + " | ".join(names) + " |")
-            w("|---|---|" + "---|" * len(names))
+            w("| tokens | sequences | GPUs | " + " | ".join(names) + " |")
+            w("|---|---|---|" + "---|" * len(names))
             for r in cmp_rows:
                 c = r["compare_with_one_gpu"]
-                w(f"| {r['tokens']} | {r['gpus']} | " +
+                w(f"| {r['tokens']} | {r.get('sequences', 1)} | {r['gpus']} | " +
                   " | ".join(f"{c[n]:.1e}" for n in names) + " |")
         w("")
     w("## Reference figures (SPEC §4, not this run)")
