@@ -1,12 +1,12 @@
 // The backward's products: C = alpha op(A) op(B) (+ C) by a whole block on the tensor cores
 // (mma.sync m16n8k8 TF32, arch/mma_tf32.cuh), both operands split hi + lo (three products a step,
-// fp32 accumulation in three chains summed (d0 + d1) + d2). The split is the cheap one: hi is the
-// fp32 value itself, of which the tensor core reads the TF32 bits (it ignores the low 13), and
-// lo = x - trunc_tf32(x) is exact in fp32 and read the same way, so each operand keeps about 21
-// significant bits (relative error below 2^-21 a product: fp32 grade, as the forward's TF32 path,
-// at two instructions an element instead of the rounded split's nine). Each warp owns 16 x 32
-// output tiles (16 x 8 where N is not a multiple of 32) and sums over the inner dimension in index
-// order, so the same inputs give bitwise the same result (no atomics, no split of the inner sum).
+// fp32 accumulation in three chains summed (d0 + d1) + d2). A is split rounded (hi = tf32(x), lo
+// = x - hi); B by the cheap split: hi is the fp32 value itself, of which the tensor core reads the
+// TF32 bits (it ignores the low 13), and lo = x - trunc_tf32(x) is exact in fp32 and read the same
+// way. Each operand keeps about 21 significant bits (relative error below 2^-21 a product: fp32
+// grade, as the forward's TF32 path). Each warp owns 16 x 32 output tiles (16 x 8 where N is not
+// a multiple of 32) and sums over the inner dimension in index order, so the same inputs give
+// bitwise the same result whatever the block's size (no atomics, no split of the inner sum).
 // Operands are addressed by pointer and row pitch: A and B live in shared memory, C in shared or
 // global memory.
 //   op(A)(i, k) = TA ? A[k * lda + i] : A[i * lda + k]      [M x KD]
@@ -26,25 +26,8 @@ __device__ __forceinline__ void split_tf32_trunc(float x, uint32_t& h, uint32_t&
   l = __float_as_uint(x - __uint_as_float(h & 0xffffe000u));
 }
 
-/// Fragments in the permuted k order of arch/mma_tf32.cuh (slots k = t, t + 4 hold columns 2t,
-/// 2t + 1), split cheaply. A(r, k) = TA ? s[k P + r] : s[r P + k]; B(k, n) = TB ? s[n P + k] :
-/// s[k P + n].
-template <bool TA>
-__device__ __forceinline__ FragA bwd_frag_a(const float* s, int P, int r0, int k0, int g, int t) {
-  float x[4];
-  if (TA) {
-    x[0] = s[(k0 + 2 * t) * P + r0 + g], x[1] = s[(k0 + 2 * t) * P + r0 + g + 8];
-    x[2] = s[(k0 + 2 * t + 1) * P + r0 + g], x[3] = s[(k0 + 2 * t + 1) * P + r0 + g + 8];
-  } else {
-    const float2 a = *reinterpret_cast<const float2*>(s + (r0 + g) * P + k0 + 2 * t);
-    const float2 b = *reinterpret_cast<const float2*>(s + (r0 + g + 8) * P + k0 + 2 * t);
-    x[0] = a.x, x[2] = a.y, x[1] = b.x, x[3] = b.y;
-  }
-  FragA f;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) split_tf32_trunc(x[e], f.h[e], f.l[e]);
-  return f;
-}
+/// B fragment in the permuted k order of arch/mma_tf32.cuh (slots k = t, t + 4 hold columns 2t,
+/// 2t + 1), split cheaply. B(k, n) = TB ? s[n P + k] : s[k P + n].
 template <bool TB>
 __device__ __forceinline__ FragB bwd_frag_b(const float* s, int P, int k0, int n0, int g, int t) {
   float x[2];
@@ -60,36 +43,45 @@ __device__ __forceinline__ FragB bwd_frag_b(const float* s, int P, int k0, int n
   return f;
 }
 
-template <bool TA, bool TB, bool kAccumulate>
-__device__ __forceinline__ void block_gemm(int M, int N, int KD, const float* __restrict__ A,
-                                           int lda, const float* __restrict__ B, int ldb, float* C,
-                                           int ldc, float alpha) {
+/// The units of block_gemm: 16 x (8 NT) output tiles.
+template <bool TA, bool TB, bool kAccumulate, int NT>
+__device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const float* __restrict__ A,
+                                                 int lda, const float* __restrict__ B, int ldb,
+                                                 float* C, int ldc, float alpha) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int NT = N % 32 == 0 ? 4 : 1;  // 8-column tiles per unit
   const int un = N / (8 * NT), units = (M / 16) * un;
   for (int u = warp; u < units; u += nwarps) {
     const int i0 = (u / un) * 16, n0 = (u % un) * 8 * NT;
-    float d[4][3][4] = {};  // [n tile][chain][element]
+    float d[NT][3][4] = {};  // [n tile][chain][element]
     for (int k = 0; k < KD; k += 8) {
       const FragA a =
           TA ? load_a_t_perm<true>(A, lda, i0, k, g, t) : load_a_perm<true>(A, lda, i0, k, g, t);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (j < NT) {
-          const FragB b = bwd_frag_b<TB>(B, ldb, k, n0 + 8 * j, g, t);
-          mma3<true, true>(d[j][0], d[j][1], d[j][2], a, b);
-        }
+      for (int j = 0; j < NT; ++j) {
+        const FragB b = bwd_frag_b<TB>(B, ldb, k, n0 + 8 * j, g, t);
+        mma3<true, true>(d[j][0], d[j][1], d[j][2], a, b);
+      }
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (j < NT)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = (d[j][0][e] + d[j][1][e]) + d[j][2][e];
-          float* dst = C + int64_t(i0 + g + (e >> 1) * 8) * ldc + n0 + 8 * j + 2 * t + (e & 1);
-          *dst = kAccumulate ? fmaf(alpha, x, *dst) : alpha * x;
-        }
+      for (int e = 0; e < 4; ++e) {
+        const float x = (d[j][0][e] + d[j][1][e]) + d[j][2][e];
+        float* dst = C + int64_t(i0 + g + (e >> 1) * 8) * ldc + n0 + 8 * j + 2 * t + (e & 1);
+        *dst = kAccumulate ? fmaf(alpha, x, *dst) : alpha * x;
+      }
+  }
+}
+
+template <bool TA, bool TB, bool kAccumulate>
+__device__ __forceinline__ void block_gemm(int M, int N, int KD, const float* __restrict__ A,
+                                           int lda, const float* __restrict__ B, int ldb, float* C,
+                                           int ldc, float alpha) {
+  if (N % 32 == 0) {
+    block_gemm_units<TA, TB, kAccumulate, 4>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
+  } else {
+    block_gemm_units<TA, TB, kAccumulate, 1>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
   }
 }
 

@@ -24,7 +24,7 @@
 namespace kla::kernels {
 
 template <class E>
-__global__ void __launch_bounds__(kBwdThreads) bwd_solve_adjoint_kernel(const BwdParams bp) {
+__global__ void __launch_bounds__(kBwdChunkThreads) bwd_solve_adjoint_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, VP = kBwdPanel, PP = bwd_pitch(VP);
   extern __shared__ float4 smem4[];
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_solve_adjoint_kernel(const Bw
     bwd_cp_rows(Qhs, PK, rec + R.qh, K, C, K);
     bwd_cp_rows(Ai, PC, rec + R.ainv, C, C, C);
     cp_commit();
-    for (int idx = tid; idx < C * C; idx += kBwdThreads) {
+    for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
       Pa[(idx / C) * PC + idx % C] = 0.f;
       Da[(idx / C) * PC + idx % C] = 0.f;
     }
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_solve_adjoint_kernel(const Bw
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < C * C; idx += kBwdThreads) {
+  for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
     const int i = idx / C, j = idx % C;
     const float gam = j <= i ? expf(G[i] - G[j]) : 0.f;
     const float pm = Pa[i * PC + j] * gam;  // 0 above the diagonal
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_solve_adjoint_kernel(const Bw
 }
 
 template <class E>
-__global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdParams bp) {
+__global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, VP = kBwdPanel, PP = bwd_pitch(VP);
   extern __shared__ float4 smem4[];
@@ -150,9 +150,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   float* zs = sc + 4 * C;   // z_i = Gamma_Ci k^_i . (dS u_i)
   float* eg = sc + 5 * C;   // e^G_i
   float* gc = sc + 6 * C;   // Gamma_Ci
-  float* red = sc + 8 * C;  // [kBwdThreads] partial sums of dS o S
+  float* red = sc + 8 * C;  // [kBwdCarryParts] partial sums of dS o S
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int idx = tid; idx < 3 * C * PK; idx += kBwdThreads) A1[idx] = 0.f;
+  for (int idx = tid; idx < 3 * C * PK; idx += kBwdChunkThreads) A1[idx] = 0.f;
   if (tid < C) {
     G[tid] = rec[R.sc + kScG * C + tid];
     beta[tid] = rec[R.sc + kScBeta * C + tid];
@@ -178,7 +178,8 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
     bwd_load_rows(dYp, PP, dOb + c0, bp.dos, pt.sr.b, pt.tb, hv, L, VP);
     cp_wait<0>();
     __syncthreads();
-    for (int idx = tid; idx < K * VP; idx += kBwdThreads) {
+    // sum(dS o S) in kBwdCarryParts fixed parts (red), whatever the block's size.
+    for (int idx = tid; tid < kBwdCarryParts && idx < K * VP; idx += kBwdCarryParts) {
       const int r = idx / VP, cc = idx % VP;
       carry = fmaf(Sp[r * PP + cc], dSp[r * PP + cc], carry);
     }
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   float* Qhs = Khs + C * PK;  // [C][PK]
   float* Pms = Qhs + C * PK;  // [C][PC]
   float* Zs = Pms + C * PC;   // [C][PC]
-  red[tid] = carry;
+  if (tid < kBwdCarryParts) red[tid] = carry;
   bwd_cp_rows(Khs, PK, rec + R.kh, K, C, K);
   bwd_cp_rows(Qhs, PK, rec + R.qh, K, C, K);
   bwd_cp_rows(Pms, PC, rec + R.m, C, C, C);
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   cp_wait<0>();
   __syncthreads();
   // Row terms: e^G_i q^_i.(S dy_i), z_i, and k^_i.(S dR_i), one warp per token.
-  for (int i = warp; i < C; i += kBwdThreads / 32) {
+  for (int i = warp; i < C; i += kBwdChunkThreads / 32) {
     float a = 0.f, zk = 0.f, c = 0.f;
     for (int r = lane; r < K; r += 32) {
       a = fmaf(Qhs[i * PK + r], A1[i * PK + r], a);
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
     }
   }
   __syncthreads();
-  for (int i = warp; i < C; i += kBwdThreads / 32)  // one warp a row, a float4 a lane
+  for (int i = warp; i < C; i += kBwdChunkThreads / 32)  // one warp a row, a float4 a lane
     for (int c = 4 * lane; c < K; c += 128) {
       const float eG = eg[i], a = gc[i], bb = eG * beta[i];
       float4 x1 = *reinterpret_cast<float4*>(A1 + i * PK + c);
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   if (tid == 0) {
     // Carried state: dG_{C-1} += gamma_C sum(dS o S) + sum_i z_i; then dg = reverse cumsum.
     float s = 0.f;
-    for (int t = 0; t < kBwdThreads; ++t) s += red[t];
+    for (int t = 0; t < kBwdCarryParts; ++t) s += red[t];
     float zsum = 0.f;
     for (int i = 0; i < C; ++i) zsum += zs[i];
     dGs[C - 1] += rec[R.sc + kScChunk * C] * s + zsum;
@@ -258,7 +259,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_input_grads_kernel(const BwdP
   E* dvb = static_cast<E*>(bp.dv);
   const float* rs = rec + R.sc;
   const bool direct = bp.group == 1;
-  for (int i = warp; i < L; i += kBwdThreads / 32) {
+  for (int i = warp; i < L; i += kBwdChunkThreads / 32) {
     const int64_t t = pt.tb + i, b = pt.sr.b;
     const E* qrow = qb + b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2];
     const E* krow = kb + b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2];

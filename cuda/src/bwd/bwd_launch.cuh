@@ -13,11 +13,11 @@ namespace kla::kernels {
 
 template <class Kernel>
 cudaError_t bwd_launch(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& bp,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int threads = kBwdThreads) {
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
-  kernel<<<grid, kBwdThreads, size_t(smem), stream>>>(bp);
+  kernel<<<grid, threads, size_t(smem), stream>>>(bp);
   return cudaGetLastError();
 }
 
@@ -42,7 +42,8 @@ cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char
   const dim3 chunks(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N));
   if (p.max_chunks > 0) {
     what = "the backward prep";
-    if (cudaError_t e = bwd_launch(bwd_prep_kernel<E>, chunks, bwd_prep_smem(p.K, p.V), bp, stream))
+    if (cudaError_t e = bwd_launch(bwd_prep_kernel<E>, chunks, bwd_prep_smem(p.K, p.V), bp, stream,
+                                   kBwdChunkThreads))
       return e;
   }
   if (cudaError_t e = bwd_scan_slice(p.V) == 32 ? launch_backward_scans<E, 32>(bp, stream, what)
@@ -50,12 +51,12 @@ cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char
     return e;
   if (p.max_chunks == 0) return cudaSuccess;
   what = "the backward solve adjoint";
-  if (cudaError_t e =
-          bwd_launch(bwd_solve_adjoint_kernel<E>, chunks, bwd_solve_smem(p.K), bp, stream))
+  if (cudaError_t e = bwd_launch(bwd_solve_adjoint_kernel<E>, chunks, bwd_solve_smem(p.K), bp,
+                                 stream, kBwdChunkThreads))
     return e;
   what = "the backward input gradients";
-  if (cudaError_t e =
-          bwd_launch(bwd_input_grads_kernel<E>, chunks, bwd_grads_smem(p.K), bp, stream))
+  if (cudaError_t e = bwd_launch(bwd_input_grads_kernel<E>, chunks, bwd_grads_smem(p.K), bp, stream,
+                                 kBwdChunkThreads))
     return e;
   if (bp.group > 1) {
     what = "the backward key-head sums";

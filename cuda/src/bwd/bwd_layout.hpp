@@ -28,7 +28,12 @@ namespace kla::layout {
 constexpr int kBwdMaxHeadDim = 128;
 /// Threads of every backward kernel; value columns per state-scan block; V panel of the
 /// per-chunk kernels.
-constexpr int kBwdThreads = 256, kBwdPanel = 32;
+// Threads a block: the two scans and the key-head sums run 8 warps; the fully parallel kernels
+// (prep, solve adjoint, input gradients) 16 (kBwdChunkThreads): one such block fills a
+// multiprocessor's shared memory, and 16 warps hide the latency of its loads and products that 8
+// left exposed (docs/prefill_notes.md, backward v7). The sum of dS o S in the input-gradient kernel
+// keeps kBwdCarryParts fixed parts, so its order does not depend on the block's size.
+constexpr int kBwdThreads = 256, kBwdChunkThreads = 512, kBwdCarryParts = 256, kBwdPanel = 32;
 /// Value columns per state-scan block: 32 (one wave of blocks where N HV V / 32 fits the device),
 /// 16 where V is not a multiple of 32.
 constexpr int bwd_scan_slice(int V) {
@@ -103,7 +108,7 @@ constexpr int64_t bwd_grads_smem(int K) {
   // the S and dS panels ([K][VP]), the dY, U, dR panels; then K^, Q^, Pm, Z
   const int64_t panels = 2 * int64_t(K) * bwd_pitch(kBwdPanel) + 3 * kChunk * bwd_pitch(kBwdPanel);
   const int64_t tiles = 2 * kChunk * bwd_pitch(K) + 2 * kChunk * bwd_pitch(kChunk);
-  return 4 * (acc + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdThreads);
+  return 4 * (acc + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdCarryParts);
 }
 
 }  // namespace kla::layout

@@ -26,7 +26,7 @@
 namespace kla::kernels {
 
 template <class E>
-__global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(const BwdParams bp) {
+__global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk;
   extern __shared__ float4 smem4[];
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(const BwdParams b
   token_scalars_preload(p, pt.sr, pt.tb, L, hv, sc + 5 * C, sc + 6 * C);  // eta, g
   __syncthreads();
   // Per-token scalars, one warp per token (norms summed in a fixed order).
-  for (int i = warp; i < C; i += kBwdThreads / 32) {
+  for (int i = warp; i < C; i += kBwdChunkThreads / 32) {
     float n2 = 0.f, qn2 = 0.f;
     for (int r = lane; r < K; r += 32) {
       n2 = fmaf(Ks[i * PK + r], Ks[i * PK + r], n2);
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(const BwdParams b
   block_gemm<false, true, false>(C, C, K, Ks, PK, Ks, PK, Ls, PC, 1.f);  // K^ K^^T
   block_gemm<false, true, false>(C, C, K, Qs, PK, Ks, PK, Xs, PC, 1.f);  // Q^ K^^T
   __syncthreads();
-  for (int idx = tid; idx < C * C; idx += kBwdThreads) {
+  for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
     const int i = idx / C, j = idx % C;
     const float gam = j <= i ? expf(G[i] - G[j]) : 0.f;
     const float mij = j <= i ? Xs[i * PC + j] * gam : 0.f;
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(const BwdParams b
   // A^-1 (prep/invert.cuh: diagonal blocks by substitution, the rest by the blocked recurrence
   // on split-TF32 tensor cores, fp32 grade); it leaves the blocks above the diagonal unwritten.
   invert_unit_lower(Ls, Xs, scratch);
-  for (int idx = tid; idx < C * C; idx += kBwdThreads) {
+  for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
     const int i = idx / C, j = idx % C;
     if ((j >> 4) > (i >> 4)) Xs[i * PC + j] = 0.f;
   }

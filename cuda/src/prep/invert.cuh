@@ -12,7 +12,7 @@ namespace kla::kernels {
 /// them). Contract: fp32-grade (the 16 x 16 diagonal blocks by forward substitution in fp32 FMA;
 /// the blocks below by the blocked recurrence T_ab = -T_aa sum_{b <= k < a} L_ak T_kb on the tensor
 /// cores with both operands split TF32 hi + lo, ~2^-21 relative per product). scratch: kInvScratch
-/// floats. Called by all 256 threads; ends with a barrier.
+/// floats. Called by every thread of the block (8 warps or more); ends with a barrier.
 __device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // Diagonal block o = 16 warp, one warp each, right-looking: lane (column c, row half hh) holds
