@@ -61,6 +61,81 @@ def gbench_rows(gb):
     return rows
 
 
+def render_cp(w, cp, note):
+    """The context-parallel tables of one bench_cp.py run (merge_cp's output)."""
+    w(f"{cp.get('gpus_on_host', '?')}× {cp.get('device', '?')} of one host, NCCL (NVLink "
+      f"multicast off), torch {cp.get('torch', '?')}"
+      f"{'; ' + note if note else ''}. One sequence (B = 1), H = HV = 16, "
+      "K = V = 128, bf16, l2-normalised q and k, g = logsigmoid(randn)/16 with a quarter of "
+      "the heads undecayed, η = sigmoid(randn), an initial state; one GPU runs "
+      "`kla.chunk_kla`, several run `kla.cp.chunk_kla_cp` on equal contiguous shards; "
+      "rows with several sequences pack them (random lengths) with global `cu_seqlens`, "
+      "shards cutting them anywhere. "
+      "Forward, and forward + backward (dO and d(final state) given), medians of CUDA-event "
+      "timings of the whole call after two warm-ups, the slowest rank's."
+      + (" \"OOM\": the backward's workspace does not fit one GPU."
+         if any(r.get("forward_backward_ms") is None for r in cp.get("rows", [])) else ""))
+    w("")
+    w("| tokens | sequences | GPUs | forward ms | forward+backward ms | vs one GPU (forward "
+      "/ fwd+bwd) |")
+    w("|---|---|---|---|---|---|")
+    one = {(r["tokens"], r.get("sequences", 1)): r for r in cp.get("rows", [])
+           if r["gpus"] == 1}
+    for r in cp.get("rows", []):
+        base = one.get((r["tokens"], r.get("sequences", 1)), {})
+
+        def ratio(key):
+            a, b = base.get(key), r.get(key)
+            return f"{a / b:.2f}×" if a and b else "–"
+        fb = r.get("forward_backward_ms")
+        w(f"| {r['tokens']} | {r.get('sequences', 1)} | {r['gpus']} | "
+          f"{f(r.get('forward_ms'), '.2f')} | {f(fb, '.1f') if fb is not None else 'OOM'} | "
+          f"{ratio('forward_ms')} / {ratio('forward_backward_ms')} |")
+    peer = [r for r in cp.get("rows", []) if r.get("given_beta")]
+    if peer:
+        info = peer[0]["given_beta"]
+        w("")
+        w(f"Beside FLA's context parallelism (fla-core {info.get('fla_version', '?')}, "
+          "`chunk_gated_delta_rule` with `cp_context` from `build_cp_context` over the same "
+          "group; one GPU: the plain call), like for like: kla's given-β function "
+          "(`kla.cp.chunk_gated_delta_rule_cp`; one GPU `kla.chunk_gated_delta_rule`), "
+          "β = η, on the same shards, without initial or final state (FLA's context "
+          "parallelism takes neither); forward + backward with dO only."
+          + (" FLA's Hopper guard for Triton 3.4-3.7.0 (its issue 640) was bypassed so that "
+             "its backward runs." if info.get("fla_guard_bypassed") else ""))
+        w("")
+        w("| tokens | GPUs | kla forward ms | FLA forward ms | kla fwd+bwd ms | "
+          "FLA fwd+bwd ms | FLA / kla (forward / fwd+bwd) |")
+        w("|---|---|---|---|---|---|---|")
+        for r in peer:
+            a, b = r["given_beta"].get("kla", {}), r["given_beta"].get("fla", {})
+
+            def cell(d, key):
+                return f(d.get(key), ".2f") if "error" not in d else "failed"
+
+            def rr(key):
+                x, y = a.get(key), b.get(key)
+                return f"{y / x:.2f}×" if x and y else "–"
+            w(f"| {r['tokens']} | {r['gpus']} | {cell(a, 'forward_ms')} | "
+              f"{cell(b, 'forward_ms')} | {cell(a, 'forward_backward_ms')} | "
+              f"{cell(b, 'forward_backward_ms')} | {rr('forward_ms')} / "
+              f"{rr('forward_backward_ms')} |")
+    cmp_rows = [r for r in cp.get("rows", []) if r.get("compare_with_one_gpu")]
+    if cmp_rows:
+        w("")
+        w("Against one GPU on the same inputs (relative RMS of the context-parallel result "
+          "against `kla.chunk_kla`'s):")
+        w("")
+        names = list(cmp_rows[0]["compare_with_one_gpu"])
+        w("| tokens | sequences | GPUs | " + " | ".join(names) + " |")
+        w("|---|---|---|" + "---|" * len(names))
+        for r in cmp_rows:
+            c = r["compare_with_one_gpu"]
+            w(f"| {r['tokens']} | {r.get('sequences', 1)} | {r['gpus']} | " +
+              " | ".join(f"{c[n]:.1e}" for n in names) + " |")
+    w("")
+
+
 def merge_cp(runs):
     """One cp.json from several bench_cp.py runs on one machine: the first run's header, every
     run's rows ordered by tokens then GPUs, and each run's arguments."""
@@ -88,6 +163,8 @@ def main():
     ap.add_argument("--cp", nargs="+", help="bench/bench_cp.py's output folders (cp.json; "
                     "several runs on one machine are merged, rows in order)")
     ap.add_argument("--cp-note", default="", help="where and at which commit it ran")
+    ap.add_argument("--cp-earlier", nargs="+", help="an earlier bench_cp.py run shown apart")
+    ap.add_argument("--cp-earlier-note", default="", help="where and at which commit it ran")
     args = ap.parse_args()
 
     sbs = load_json(os.path.join(args.outdir, "side_by_side.json"))
@@ -327,77 +404,15 @@ def main():
             json.dump(cp, fh, indent=1)
         w("## Context parallelism (`python3 bench/bench_cp.py`)")
         w("")
-        w(f"{cp.get('gpus_on_host', '?')}× {cp.get('device', '?')} of one host, NCCL (NVLink "
-          f"multicast off), torch {cp.get('torch', '?')}"
-          f"{'; ' + args.cp_note if args.cp_note else ''}. One sequence (B = 1), H = HV = 16, "
-          "K = V = 128, bf16, l2-normalised q and k, g = logsigmoid(randn)/16 with a quarter of "
-          "the heads undecayed, η = sigmoid(randn), an initial state; one GPU runs "
-          "`kla.chunk_kla`, several run `kla.cp.chunk_kla_cp` on equal contiguous shards; "
-          "rows with several sequences pack them (random lengths) with global `cu_seqlens`, "
-          "shards cutting them anywhere. "
-          "Forward, and forward + backward (dO and d(final state) given), medians of CUDA-event "
-          "timings of the whole call after two warm-ups, the slowest rank's."
-          + (" \"OOM\": the backward's workspace does not fit one GPU."
-             if any(r.get("forward_backward_ms") is None for r in cp.get("rows", [])) else ""))
-        w("")
-        w("| tokens | sequences | GPUs | forward ms | forward+backward ms | vs one GPU (forward "
-          "/ fwd+bwd) |")
-        w("|---|---|---|---|---|---|")
-        one = {(r["tokens"], r.get("sequences", 1)): r for r in cp.get("rows", [])
-               if r["gpus"] == 1}
-        for r in cp.get("rows", []):
-            base = one.get((r["tokens"], r.get("sequences", 1)), {})
-
-            def ratio(key):
-                a, b = base.get(key), r.get(key)
-                return f"{a / b:.2f}×" if a and b else "–"
-            fb = r.get("forward_backward_ms")
-            w(f"| {r['tokens']} | {r.get('sequences', 1)} | {r['gpus']} | "
-              f"{f(r.get('forward_ms'), '.2f')} | {f(fb, '.1f') if fb is not None else 'OOM'} | "
-              f"{ratio('forward_ms')} / {ratio('forward_backward_ms')} |")
-        peer = [r for r in cp.get("rows", []) if r.get("given_beta")]
-        if peer:
-            info = peer[0]["given_beta"]
+        render_cp(w, cp, args.cp_note)
+        earlier = (merge_cp([load_json(os.path.join(d, "cp.json")) for d in args.cp_earlier])
+                   if args.cp_earlier else None)
+        if earlier:
+            with open(os.path.join(args.docs, "performance", "cp_earlier.json"), "w") as fh:
+                json.dump(earlier, fh, indent=1)
+            w("### An earlier run (not this commit)")
             w("")
-            w(f"Beside FLA's context parallelism (fla-core {info.get('fla_version', '?')}, "
-              "`chunk_gated_delta_rule` with `cp_context` from `build_cp_context` over the same "
-              "group; one GPU: the plain call), like for like: kla's given-β function "
-              "(`kla.cp.chunk_gated_delta_rule_cp`; one GPU `kla.chunk_gated_delta_rule`), "
-              "β = η, on the same shards, without initial or final state (FLA's context "
-              "parallelism takes neither); forward + backward with dO only."
-              + (" FLA's Hopper guard for Triton 3.4-3.7.0 (its issue 640) was bypassed so that "
-                 "its backward runs." if info.get("fla_guard_bypassed") else ""))
-            w("")
-            w("| tokens | GPUs | kla forward ms | FLA forward ms | kla fwd+bwd ms | "
-              "FLA fwd+bwd ms | FLA / kla (forward / fwd+bwd) |")
-            w("|---|---|---|---|---|---|---|")
-            for r in peer:
-                a, b = r["given_beta"].get("kla", {}), r["given_beta"].get("fla", {})
-
-                def cell(d, key):
-                    return f(d.get(key), ".2f") if "error" not in d else "failed"
-
-                def rr(key):
-                    x, y = a.get(key), b.get(key)
-                    return f"{y / x:.2f}×" if x and y else "–"
-                w(f"| {r['tokens']} | {r['gpus']} | {cell(a, 'forward_ms')} | "
-                  f"{cell(b, 'forward_ms')} | {cell(a, 'forward_backward_ms')} | "
-                  f"{cell(b, 'forward_backward_ms')} | {rr('forward_ms')} / "
-                  f"{rr('forward_backward_ms')} |")
-        cmp_rows = [r for r in cp.get("rows", []) if r.get("compare_with_one_gpu")]
-        if cmp_rows:
-            w("")
-            w("Against one GPU on the same inputs (relative RMS of the context-parallel result "
-              "against `kla.chunk_kla`'s):")
-            w("")
-            names = list(cmp_rows[0]["compare_with_one_gpu"])
-            w("| tokens | sequences | GPUs | " + " | ".join(names) + " |")
-            w("|---|---|---|" + "---|" * len(names))
-            for r in cmp_rows:
-                c = r["compare_with_one_gpu"]
-                w(f"| {r['tokens']} | {r.get('sequences', 1)} | {r['gpus']} | " +
-                  " | ".join(f"{c[n]:.1e}" for n in names) + " |")
-        w("")
+            render_cp(w, earlier, args.cp_earlier_note)
     w("## Reference figures (SPEC §4, not this run)")
     w("")
     w("Measured earlier on one **H200** (copy 4.27 TB/s), FLA `chunk_gated_delta_rule` in bf16 "
