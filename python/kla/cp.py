@@ -122,14 +122,15 @@ class Segment:
 
 
 def segment_maps(seg):
-    """(A [B, HV, K, K], L [B, HV, K, V]) in the states' dtype: the segment's transition and its
-    final state from a zero state, S_out = A S_in + L. A is the final state of the segment run on
-    zero values from the identity (the map's linear part, the same for every value column)."""
-    B, HV, K, V = seg.shape
+    """(A [N, HV, K, K], L [N, HV, K, V]) in the states' dtype (N = B, or the sequences with
+    cu_seqlens): the segment's transition and its final state from a zero state, S_out = A S_in
+    + L. A is the final state of the segment run on zero values from the identity (the map's
+    linear part, the same for every value column)."""
+    N, HV, K, V = seg.shape
     with torch.no_grad():
         _, L = seg.run(seg.q, seg.k, seg.v, seg.g, seg.eta, None)
         zeros = seg.v.new_zeros(*seg.v.shape[:3], K)
-        eye = torch.eye(K, dtype=seg.state_dtype, device=seg.q.device).expand(B, HV, K, K)
+        eye = torch.eye(K, dtype=seg.state_dtype, device=seg.q.device).expand(N, HV, K, K)
         _, A = seg.run(seg.q, seg.k, zeros, seg.g, seg.eta, eye.contiguous())
     return A.to(seg.state_dtype), L.to(seg.state_dtype)
 
@@ -194,20 +195,20 @@ def fold_gradients(maps, d_locals, d_final):
 
 
 def forward_piece(seg, rank, world, h0):
-    """Rank `rank` of `world` before the exchange: (piece [B, HV, K, K + V] = [A | L] for the
+    """Rank `rank` of `world` before the exchange: (piece [N, HV, K, K + V] = [A | L] for the
     fold, o or None, S_out or None). The first rank knows its incoming state (h0), so it runs its
     segment at once (one call) and hands on [0 | S_out]: the fold passes S_out to rank 1
     unchanged. A middle rank's piece is its segment's maps (two calls). The last rank's map would
     feed no later rank: it contributes zeros and runs its segment after the exchange."""
-    B, HV, K, V = seg.shape
+    N, HV, K, V = seg.shape
     if rank == 0:
         o, s_out = segment_forward(seg, h0)
         s_out = s_out.to(seg.state_dtype)
-        return torch.cat([s_out.new_zeros(B, HV, K, K), s_out], dim=-1), o, s_out
+        return torch.cat([s_out.new_zeros(N, HV, K, K), s_out], dim=-1), o, s_out
     if rank < world - 1:
         A, L = segment_maps(seg)
         return torch.cat([A, L], dim=-1), None, None
-    return seg.q.new_zeros(B, HV, K, K + V, dtype=seg.state_dtype), None, None
+    return seg.q.new_zeros(N, HV, K, K + V, dtype=seg.state_dtype), None, None
 
 
 def split_pieces(pieces, K):
@@ -234,8 +235,8 @@ def backward_piece(seg, rank, world, s_in, d_o, d_final):
         return grads[5].to(seg.state_dtype), grads
     if rank > 0:
         return segment_backward(seg, s_in, d_o, None)[5].to(seg.state_dtype), None
-    B, HV, K, V = seg.shape
-    return seg.q.new_zeros(B, HV, K, V, dtype=seg.state_dtype), None
+    N, HV, K, V = seg.shape
+    return seg.q.new_zeros(N, HV, K, V, dtype=seg.state_dtype), None
 
 
 def fold_backward(maps, pieces):
