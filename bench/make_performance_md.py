@@ -404,6 +404,12 @@ def main():
             json.dump(cp, fh, indent=1)
         w("## Context parallelism (`python3 bench/bench_cp.py`)")
         w("")
+        if os.path.exists(os.path.join(args.docs, "performance", "cp_scaling.png")):
+            w("![context-parallel scaling](performance/cp_scaling.png)")
+            w("")
+            w("Drawn by `bench/plot_cp.py` from the cp.json files beside it (this run solid, the "
+              "earlier run dashed, FLA dotted).")
+            w("")
         render_cp(w, cp, args.cp_note)
         earlier = (merge_cp([load_json(os.path.join(d, "cp.json")) for d in args.cp_earlier])
                    if args.cp_earlier else None)
@@ -442,6 +448,8 @@ def main():
     w("# context parallelism, on a machine with several GPUs (carry build-gpu/dist):")
     w("PYTHONPATH=python KLA_CUDA_LIBRARY=$PWD/build-gpu/dist/libkla_cuda.so.4 \\")
     w("    python3 bench/bench_cp.py --out $OUT/cp --gpus 1 2 4 --fla   # (also PYTHONPATH+=FLA)")
+    w("python3 bench/plot_cp.py docs/performance/cp.json [docs/performance/cp_earlier.json] \\")
+    w("    --out docs/performance/cp_scaling.png --title '...'   # here, needs matplotlib")
     w("                                             # here: this page and docs/performance/*.png")
     w("```")
     w("")
