@@ -13,7 +13,9 @@ the whole sequence from the same seed and keeps its shard (contiguous, equal len
 than one GPU the outputs, final state and gradients are also compared with the one-GPU call's on
 the same inputs (relative RMS; rank 0 computes the one-GPU result where it fits in memory).
 Writes cp.json (every measurement, device, torch version) to --out and prints a progress line a
-case. NVLink multicast is left off (NCCL_NVLS_ENABLE=0, the device notes).
+case; each GPU count's rows are also kept in rows_<n>gpu.json as they are measured, so a run cut
+short by a time limit loses nothing measured (`--merge` rewrites cp.json from them). NVLink
+multicast is left off (NCCL_NVLS_ENABLE=0, the device notes).
 
 Packed cases (--packed-tokens T..., --packed N): N sequences of random lengths summing to T
 (global cu_seqlens, the same on every rank; FLA's cp_context convention), each rank holding T /
@@ -187,12 +189,12 @@ def worker(rank, world, args, init_file, out_file):
                     r["compare_with_one_gpu"] = compare(parts, T, packed)
         if rank == 0:
             rows.append(r)
-            print(f"bench_cp: {T} tokens in {r['sequences']} sequence(s), {world} GPU(s): forward {r.get('forward_ms')} ms, "
-                  f"forward+backward {r.get('forward_backward_ms')} ms "
-                  f"{r.get('compare_with_one_gpu', '')} {r.get('given_beta', '')}", flush=True)
-    if rank == 0:
-        with open(out_file, "w") as f:
-            json.dump(rows, f)
+            with open(out_file, "w") as f:  # after every case: a run cut short keeps its rows
+                json.dump(rows, f)
+            print(f"bench_cp: {T} tokens in {r['sequences']} sequence(s), {world} GPU(s): "
+                  f"forward {r.get('forward_ms')} ms, forward+backward "
+                  f"{r.get('forward_backward_ms')} ms {r.get('compare_with_one_gpu', '')} "
+                  f"{r.get('given_beta', '')}", flush=True)
     if world > 1:
         import torch.distributed as dist
         dist.destroy_process_group()
@@ -283,27 +285,45 @@ def main():
                     help="total tokens of each packed case (none by default)")
     ap.add_argument("--compare-max", type=int, default=131072,
                     help="compare with one GPU up to this many tokens")
+    ap.add_argument("--merge", action="store_true",
+                    help="only rewrite OUT/cp.json from the rows files of a run cut short")
     args = ap.parse_args()
     import tempfile
 
     import torch.multiprocessing as mp
+    os.makedirs(args.out, exist_ok=True)
+    if args.merge:
+        write_result(args.out)
+        return 0
     n = torch.cuda.device_count()
     gpus = args.gpus or [w for w in (1, 2, 4, 8) if w <= n]
-    os.makedirs(args.out, exist_ok=True)
-    result = {"device": torch.cuda.get_device_name(0), "gpus_on_host": n,
-              "torch": torch.__version__, "args": vars(args), "rows": []}
+    with open(os.path.join(args.out, "header.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(0), "gpus_on_host": n,
+                   "torch": torch.__version__, "args": vars(args), "gpus": gpus}, f)
     for world in gpus:
         with tempfile.TemporaryDirectory() as tmp:
-            out_file = os.path.join(tmp, "rows.json")
             t0 = time.time()
-            mp.spawn(worker, args=(world, args, os.path.join(tmp, "init"), out_file),
+            mp.spawn(worker, args=(world, args, os.path.join(tmp, "init"),
+                                   os.path.join(args.out, f"rows_{world}gpu.json")),
                      nprocs=world, join=True)
-            with open(out_file) as f:
-                result["rows"].extend(json.load(f))
             print(f"bench_cp: {world} GPU(s) done in {time.time() - t0:.0f} s", flush=True)
-        with open(os.path.join(args.out, "cp.json"), "w") as f:
-            json.dump(result, f, indent=1)
+        write_result(args.out)
     return 0
+
+
+def write_result(out):
+    """OUT/cp.json: the run's header and every GPU count's rows written so far (rank 0 rewrites
+    its rows file after each case, so a run stopped by a time limit keeps what it measured)."""
+    with open(os.path.join(out, "header.json")) as f:
+        result = json.load(f)
+    result["rows"] = []
+    for world in result.pop("gpus"):
+        path = os.path.join(out, f"rows_{world}gpu.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                result["rows"].extend(json.load(f))
+    with open(os.path.join(out, "cp.json"), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
