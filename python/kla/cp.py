@@ -45,7 +45,8 @@ scheduled per rank by `forward_piece` / `forward_finish` and `backward_piece` / 
 which `simulate` composes in one process (the tests: every rank on one device, any impl), and
 `chunk_kla_cp` / `chunk_gated_delta_rule_cp` through torch.distributed (all-gathers over the
 group: NCCL on GPUs, gloo on CPUs), differentiable with torch.autograd. impl "kernels" runs
-kla.chunk_kla (CUDA), "torch" kla.torch_impl (any device). Not supported: state_v_first.
+kla.chunk_kla (CUDA), "torch" kla.torch_impl (any device). state_v_first=True takes and returns
+the states as [N, HV, V, K] (vLLM's layout; a transposed view in and a transposed copy out).
 
 Errors: every rank checks its own inputs first without raising, then the ranks all-gather a
 descriptor of their problem before any other collective; a rank with invalid inputs, or ranks that
@@ -418,7 +419,7 @@ def _check_ranks_agree(seg, h0, cu, group, error):
 
 
 def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-        group, readout, coefficient, fp32_math, impl, cu_seqlens):
+        group, readout, coefficient, fp32_math, impl, cu_seqlens, state_v_first=False):
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("kla.cp: torch.distributed is not initialised (init_process_group "
@@ -433,36 +434,43 @@ def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l
         N = q.shape[0] if cu is None else cu.numel() - 1
         HV, K, V = v.shape[2], q.shape[3], v.shape[3]
         if initial_state is not None:
-            if tuple(initial_state.shape) != (N, HV, K, V):
-                raise ValueError(f"kla.cp: initial_state must be [N, HV, K, V] = "
-                                 f"{(N, HV, K, V)}, got {tuple(initial_state.shape)}")
-            h0 = initial_state.to(seg.state_dtype)
+            want = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+            if tuple(initial_state.shape) != want:
+                layout = "[N, HV, V, K]" if state_v_first else "[N, HV, K, V]"
+                raise ValueError(f"kla.cp: initial_state must be {layout} = {want}, got "
+                                 f"{tuple(initial_state.shape)}")
+            h0 = initial_state.transpose(-1, -2) if state_v_first else initial_state
+            h0 = h0.to(seg.state_dtype)
     except ValueError as e:
         error = e
     lengths = _check_ranks_agree(seg, h0, cu, group, error)
     if cu is not None:
         seg.set_seqlens(_local_seqlens(cu, lengths, dist.get_rank(group)))
     o, final = _ContextParallel.apply(seg, group, bool(output_final_state), h0, q, k, v, g, eta)
-    return o, (final if output_final_state else None)
+    if not output_final_state:
+        return o, None
+    return o, (final.transpose(-1, -2).contiguous() if state_v_first else final)
 
 
 def chunk_kla_cp(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
                  output_final_state=False, use_qk_l2norm_in_kernel=False, *, group=None,
-                 readout="scale", fp32_math="accurate", impl="kernels", cu_seqlens=None):
+                 readout="scale", fp32_math="accurate", impl="kernels", cu_seqlens=None,
+                 state_v_first=False):
     """kla.chunk_kla over a sequence sharded along time across `group` (module docstring).
     Returns (o of this rank's shard, the whole sequences' final state or None)."""
     return _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, group, readout, P.COEFF_KACZMARZ, fp32_math, impl,
-               cu_seqlens)
+               cu_seqlens, state_v_first)
 
 
 def chunk_gated_delta_rule_cp(q, k, v, g, beta, scale=None, initial_state=None,
                               output_final_state=False, use_qk_l2norm_in_kernel=False, *,
-                              group=None, fp32_math="accurate", impl="kernels", cu_seqlens=None):
+                              group=None, fp32_math="accurate", impl="kernels", cu_seqlens=None,
+                              state_v_first=False):
     """kla.chunk_gated_delta_rule (beta given) over a sequence sharded along time across
     `group`. Returns (o of this rank's shard, the whole sequences' final state or None)."""
     if beta is None:
         raise ValueError("kla.cp: chunk_gated_delta_rule_cp needs beta ([B, T, HV])")
     return _cp(q, k, v, g, beta, 0.0, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, group, "scale", P.COEFF_GIVEN, fp32_math, impl,
-               cu_seqlens)
+               cu_seqlens, state_v_first)

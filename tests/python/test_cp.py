@@ -247,7 +247,7 @@ def test_packed_sequences_across_segments_equal_one_pass(n_seq, n_seg):
                                        f"{worst} {errs[worst]:.3e} ({errs})")
 
 
-def _rank_main(rank, world, init_file, seed, out_dir, want_final=True):
+def _rank_main(rank, world, init_file, seed, out_dir, want_final=True, v_first=False):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
@@ -256,9 +256,13 @@ def _rank_main(rank, world, init_file, seed, out_dir, want_final=True):
         q, k, v, g, eta, h0 = inputs
         mine = [t.detach()[:, sum(lens[:rank]):sum(lens[:rank + 1])].clone().requires_grad_()
                 for t in (q, k, v, g, eta)]
-        h = h0.clone().requires_grad_()
+        # state_v_first: the states in and out as [N, HV, V, K], compared after transposing back.
+        h = (h0.transpose(-1, -2).contiguous() if v_first else h0.clone()).requires_grad_()
         o, final = cp.chunk_kla_cp(*mine, initial_state=h, output_final_state=want_final,
-                                   impl="torch", readout="q_l2norm")
+                                   impl="torch", readout="q_l2norm", state_v_first=v_first)
+        if v_first and want_final:
+            assert final.shape == h.shape
+            final = final.transpose(-1, -2)
         d_o, d_final = _dist_upstream(seed, v, q)
         loss = (o * d_o[:, sum(lens[:rank]):sum(lens[:rank + 1])]).sum()
         if want_final:  # every rank's copy enters the loss once (their gradients sum)
@@ -267,7 +271,8 @@ def _rank_main(rank, world, init_file, seed, out_dir, want_final=True):
             assert final is None
         loss.backward()
         torch.save({"o": o.detach(), "final": final.detach() if want_final else None,
-                    "grads": [t.grad for t in mine], "dh0": h.grad},
+                    "grads": [t.grad for t in mine],
+                    "dh0": h.grad.transpose(-1, -2) if v_first else h.grad},
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -293,19 +298,20 @@ def _dist_upstream(seed, v, q):
                         dtype=torch.float64))
 
 
-@pytest.mark.parametrize("world,want_final", [(2, True), (3, True), (3, False)])
-def test_distributed_ranks_over_gloo_equal_one_pass(world, want_final):
+@pytest.mark.parametrize("world,want_final,v_first",
+                         [(2, True, False), (3, True, False), (3, False, False), (2, True, True)])
+def test_distributed_ranks_over_gloo_equal_one_pass(world, want_final, v_first):
     """Ranks 2 and 3 (the first, a middle and the last rank's roles); without the final state the
     call skips its broadcast and the backward its all-reduce, and the gradients are those of the
-    outputs alone."""
+    outputs alone; with state_v_first the states go in and out as [N, HV, V, K]."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this torch build")
-    seed = SEED + world + (0 if want_final else 17)
+    seed = SEED + world + (0 if want_final else 17) + (29 if v_first else 0)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), seed, tmp, want_final),
-                 nprocs=world, join=True)
+        mp.spawn(_rank_main, args=(world, os.path.join(tmp, "init"), seed, tmp, want_final,
+                                   v_first), nprocs=world, join=True)
         got = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world)]
     lens, inputs = _dist_inputs(seed, world)
     d_o, d_final = _dist_upstream(seed, inputs[2], inputs[0])
