@@ -363,11 +363,11 @@ def _local_seqlens(cu, lengths, rank):
 
 _FIELDS = ["inputs valid", "B", "H", "HV", "K", "V", "dtype", "g given", "eta a tensor",
            "initial_state given", "coefficient", "impl", "eps", "scale", "eta value",
-           "sequences (cu_seqlens)", "cu_seqlens sum", "cu_seqlens weighted sum",
+           "sequences (cu_seqlens)", "cu_seqlens sum", "cu_seqlens weighted sum", "state_v_first",
            "initial_state sum", "initial_state sum of squares"]
 
 
-def _check_ranks_agree(seg, h0, cu, group, error):
+def _check_ranks_agree(seg, h0, cu, group, error, state_v_first=False):
     """Every rank must hold shards of the same problem (shapes, dtype, gates, settings, the
     same global cu_seqlens) and the same initial state: otherwise the all-gathers would mismatch
     (a crash or a hang) or the fold would mix problems. One small all-gather of a descriptor (one
@@ -384,7 +384,8 @@ def _check_ranks_agree(seg, h0, cu, group, error):
                 seg.coefficient, seg.impl == "kernels", e, float(seg.scale or 0.0),
                 0.0 if isinstance(seg.eta, torch.Tensor) or seg.eta is None else float(seg.eta),
                 -1 if cu is None else cu.numel() - 1, 0 if cu is None else int(cu.sum()),
-                0 if cu is None else int((cu * torch.arange(1, cu.numel() + 1)).sum()), 0, 0]
+                0 if cu is None else int((cu * torch.arange(1, cu.numel() + 1)).sum()),
+                bool(state_v_first), 0, 0]
     device = seg.q.device if seg is not None else torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -443,7 +444,7 @@ def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l
             h0 = h0.to(seg.state_dtype)
     except ValueError as e:
         error = e
-    lengths = _check_ranks_agree(seg, h0, cu, group, error)
+    lengths = _check_ranks_agree(seg, h0, cu, group, error, state_v_first)
     if cu is not None:
         seg.set_seqlens(_local_seqlens(cu, lengths, dist.get_rank(group)))
     o, final = _ContextParallel.apply(seg, group, bool(output_final_state), h0, q, k, v, g, eta)

@@ -384,18 +384,22 @@ def _mismatch_main(rank, world, init_file, what, out_dir):
                             world_size=world)
     try:
         K = 16 if (what != "K" or rank == 0) else 8
+        V = 16 if what == "state_v_first" else 8  # K = V: both layouts have one shape
         q = torch.randn(1, 5 + rank, 1, K, dtype=torch.float64)
-        v = torch.randn(1, 5 + rank, 1, 8, dtype=torch.float64)
-        h0 = torch.full((1, 1, K, 8), 0.5 if (what != "h0" or rank == 0) else 0.25,
+        v = torch.randn(1, 5 + rank, 1, V, dtype=torch.float64)
+        h0 = torch.full((1, 1, K, V), 0.5 if (what != "h0" or rank == 0) else 0.25,
                         dtype=torch.float64)
         cu = None
         if what == "cu_seqlens":  # both end at 11 tokens (5 + 6), cut differently
             cu = torch.tensor([0, 3, 11] if rank == 0 else [0, 4, 11])
-            h0 = h0.expand(2, 1, K, 8)
+            h0 = h0.expand(2, 1, K, V)
+        # A transposed layout on one rank: the states' sums cannot tell, the descriptor's flag does.
+        v_first = what == "state_v_first" and rank == 1
         if what == "invalid" and rank == 1:
             h0 = h0[:, :, :4]  # a wrong shape on one rank only: it raises, the other must too
         try:
-            cp.chunk_kla_cp(q, q, v, None, 0.5, initial_state=h0, impl="torch", cu_seqlens=cu)
+            cp.chunk_kla_cp(q, q, v, None, 0.5, initial_state=h0, impl="torch", cu_seqlens=cu,
+                            state_v_first=v_first)
             msg = "no error"
         except ValueError as e:
             msg = str(e)
@@ -407,7 +411,8 @@ def _mismatch_main(rank, world, init_file, what, out_dir):
 
 @pytest.mark.parametrize("what,word", [("K", "K"), ("h0", "initial_state sum"),
                                        ("cu_seqlens", "cu_seqlens weighted sum"),
-                                       ("invalid", "initial_state must be|rank 1's inputs")])
+                                       ("invalid", "initial_state must be|rank 1's inputs"),
+                                       ("state_v_first", "state_v_first")])
 def test_ranks_that_disagree_get_a_clear_error_not_a_hang(what, word):
     """Shards of different problems (here K, or the packed stream's boundaries), different
     initial states, or invalid inputs on one rank only: every rank raises a ValueError naming
