@@ -56,12 +56,10 @@ def main():
                         + ("" if i == 0 else " (earlier run)"))
                 top = max(top, *g)
             beta = [r for r in rows if r.get("given_beta")]
-            for lib in ("fla",):
-                pts = speedups(beta, key, lambda r: r["given_beta"].get(lib, {}))
-                for problem, p in pts.items():
-                    g, s = zip(*p)
-                    ax.plot(g, s, ":", marker="x", label=f"FLA {label(problem)}"
-                            + ("" if i == 0 else " (earlier run)"))
+            for problem, p in speedups(beta, key, lambda r: r["given_beta"]["fla"]).items():
+                g, s = zip(*p)
+                ax.plot(g, s, ":", marker="x", label=f"FLA {label(problem)}"
+                        + ("" if i == 0 else " (earlier run)"))
     for ax, name in zip(axes, ("forward", "forward + backward")):
         ax.plot([1, top], [1, top], color="0.8", lw=1, label="linear")
         ax.axhline(1.0, color="0.5", lw=0.8)

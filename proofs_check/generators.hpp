@@ -5,6 +5,7 @@
 
 #include <ostream>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include <rapidcheck.h>
@@ -276,6 +277,18 @@ inline void require_equal(const Mat<Q>& a, const Mat<Q>& b, const char* what) {
     os << what << " differ:\n" << a << "\n  vs\n" << b;
     RC_FAIL(os.str());
   }
+}
+
+/// Exact equality of every gradient of two backward passes (dq, dk, dv, dη, dα, dS_0); `names`
+/// names the two ("chunked and tokenwise").
+inline void require_equal(const kla::ref::HeadGradients<Q>& a, const kla::ref::HeadGradients<Q>& b,
+                          const std::string& names) {
+  require_equal(a.q, b.q, (names + " dq").c_str());
+  require_equal(a.k, b.k, (names + " dk").c_str());
+  require_equal(a.v, b.v, (names + " dv").c_str());
+  require_equal(a.eta, b.eta, (names + " d eta").c_str());
+  require_equal(a.alpha, b.alpha, (names + " d alpha").c_str());
+  require_equal(a.state, b.state, (names + " dS_0").c_str());
 }
 
 }  // namespace kla::proofs

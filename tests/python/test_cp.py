@@ -247,6 +247,20 @@ def test_packed_sequences_across_segments_equal_one_pass(n_seq, n_seg):
                                        f"{worst} {errs[worst]:.3e} ({errs})")
 
 
+def rank_errors(got, ref_o, ref_final, ref_grads):
+    """rel_max of every gloo rank's results (the dicts the rank processes saved) against one pass:
+    the outputs and input gradients joined over the ranks, each rank's replicated final state
+    (unless ref_final is None) and initial-state gradient."""
+    errs = {"o": rel_max(torch.cat([x["o"] for x in got], 1), ref_o)}
+    for r, x in enumerate(got):
+        if ref_final is not None:
+            errs[f"final@{r}"] = rel_max(x["final"], ref_final)
+        errs[f"dh0@{r}"] = rel_max(x["dh0"], ref_grads[5])
+    for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
+        errs[name] = rel_max(torch.cat([x["grads"][i] for x in got], 1), ref_grads[i])
+    return errs
+
+
 def _rank_main(rank, world, init_file, seed, out_dir, want_final=True, v_first=False):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -318,13 +332,7 @@ def test_distributed_ranks_over_gloo_equal_one_pass(world, want_final, v_first):
     if not want_final:
         d_final = torch.zeros_like(d_final)
     ref_o, ref_final, ref_grads = reference(P.COEFF_KACZMARZ, "q_l2norm", inputs, d_o, d_final)
-    errs = {"o": rel_max(torch.cat([x["o"] for x in got], 1), ref_o)}
-    for r in range(world):
-        if want_final:
-            errs[f"final@{r}"] = rel_max(got[r]["final"], ref_final)
-        errs[f"dh0@{r}"] = rel_max(got[r]["dh0"], ref_grads[5])
-    for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
-        errs[name] = rel_max(torch.cat([x["grads"][i] for x in got], 1), ref_grads[i])
+    errs = rank_errors(got, ref_o, ref_final if want_final else None, ref_grads)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= TOL_CP, f"seed {seed}, shards {lens}: {worst} {errs[worst]:.3e} ({errs})"
 
@@ -368,12 +376,7 @@ def test_packed_sequences_over_gloo_equal_one_pass():
     o, final = torch_impl.chunk_kla(*leaves[:5], initial_state=leaves[5],
                                     output_final_state=True, cu_seqlens=cu)
     ref = torch.autograd.grad((o, final), leaves, (d_o, d_final))
-    errs = {"o": rel_max(torch.cat([x["o"] for x in got], 1), o.detach())}
-    for r in range(world):
-        errs[f"final@{r}"] = rel_max(got[r]["final"], final.detach())
-        errs[f"dh0@{r}"] = rel_max(got[r]["dh0"], ref[5])
-    for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
-        errs[name] = rel_max(torch.cat([x["grads"][i] for x in got], 1), ref[i])
+    errs = rank_errors(got, o.detach(), final.detach(), ref)
     worst = max(errs, key=errs.get)
     assert errs[worst] <= TOL_PACKED, f"seed {seed}, shards {lens}: {worst} {errs[worst]:.3e}"
 
