@@ -59,7 +59,7 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
   const int K = int(p->forward.head_dim_k), V = int(p->forward.head_dim_v);
   const int64_t need = std::max({kla::layout::bwd_prep_smem(K, V),
                                  kla::layout::bwd_scan_smem(K, kla::layout::bwd_scan_slice(V)),
-                                 kla::layout::bwd_solve_smem(K), kla::layout::bwd_grads_smem(K)});
+                                 kla::layout::bwd_grads_smem(K)});
   if (need > dev.max_smem)
     return fail(KLA_ERROR_UNSUPPORTED_PATH,
                 cat("kla_chunk_backward: the backward needs ", need,

@@ -1,20 +1,21 @@
-// Backward, passes 4 and 5: every input gradient, fully parallel over (chunk, value head,
-// sequence), from the records the scans completed (bwd/bwd_state_scans.cuh): the chunk's incoming
-// state S, its outgoing state's gradient dS, U and dU. The chunk form's adjoint (grad_chunk.hpp,
-// _backward.py), dY = dO (the read-out scale is inside q^):
-//   bwd_solve_adjoint_kernel   dR = A^-T dU (kept in the record in place of dU),
-//                              Pm = (dY U^T) o Gamma,  dL = -(dR U^T) strictly lower,
-//                              Z = diag(beta) (dL o Gamma), and the parts of dG, dbeta that the
-//                              [C][C] matrices give (row and column sums of Pm o Q^K^^T and
-//                              Z o K^K^^T; sum_j (dL o Gamma o K^K^^T)_ij).
-//   bwd_input_grads_kernel     dq^ = e^G o (dY S^T) + Pm K^
-//                              dk^ = Pm^T Q^ + Gamma_C o (U dS^T) + Z K^ + Z^T K^ - e^G beta o (dR
-//                              S^T) dv^ = beta dR,  dG and dbeta completed, dg = the reverse
-//                              cumulative sum of dG within the chunk, and the prologue backwards:
-//                              x^ = x s(x) gives dx = s (dx^ - x^ (x^ . dx^)) (the key's with the
-//                              value's share: + v^ . dv^), proofs_check grad.normalized_key.
-//   bwd_group_sum_kernel       dq, dk of each key head: its value heads' in order (no atomics).
-// Precision: fp32, each product summed in index order (bwd/block_gemm.cuh).
+// Backward, pass 4: every input gradient, fully parallel over (chunk, value head, sequence), from
+// the records the scans completed (bwd/bwd_state_scans.cuh): the chunk's incoming state S, its
+// outgoing state's gradient dS, U and dU. The chunk form's adjoint (grad_chunk.hpp, _backward.py),
+// dY = dO (the read-out scale is inside q^), in one kernel, bwd_chunk_grads_kernel:
+//   over V panels   dR = A^-T dU (to the record in place of dU, for the per-token writes),
+//                   dY U^T, dR U^T (C x C), dY S^T, U dS^T, dR S^T (C x K), sum(dS o S);
+//   then            Pm = (dY U^T) o Gamma,  dL = -(dR U^T) o Gamma strictly lower,  Z = beta dL,
+//                   the parts of dG, dbeta the [C][C] matrices give (row and column sums of
+//                   Pm o Q^K^^T and dL o K^K^^T),
+//                   dq^ = e^G o (dY S^T) + Pm K^,
+//                   dk^ = Pm^T Q^ + Gamma_C o (U dS^T) + Z K^ + Z^T K^ - e^G beta o (dR S^T),
+//                   dv^ = beta dR, dbeta += dR_i . v^_i, dg = the reverse cumulative sum of dG
+//                   within the chunk, and the prologue backwards: x^ = x s(x) gives
+//                   dx = s (dx^ - x^ (x^ . dx^)) (the key's with the value's share: + v^ . dv^),
+//                   proofs_check grad.normalized_key.
+//   bwd_group_sum_kernel   dq, dk of each key head: its value heads' in order (no atomics).
+// Precision: fp32, each product summed in index order (bwd/block_gemm.cuh); every other sum in a
+// fixed order, whatever the block's size.
 #pragma once
 
 #include "bwd/block_gemm.cuh"
@@ -24,109 +25,7 @@
 namespace kla::kernels {
 
 template <class E>
-__global__ void __launch_bounds__(kBwdChunkThreads) bwd_solve_adjoint_kernel(const BwdParams bp) {
-  const KernelParams& p = bp.f;
-  constexpr int C = kChunk, VP = kBwdPanel, PP = bwd_pitch(VP);
-  extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
-  const int K = p.K, V = p.V, PK = bwd_pitch(K), PC = bwd_pitch(C);
-  const PrepTile pt = prep_tile(p);
-  if (pt.L == 0) return;
-  const int L = pt.L, hv = pt.hv;
-  const BwdRecord R(K, V);
-  float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
-  float* Ai = smem;           // [C][PC] A^-1
-  float* KKs = Ai + C * PC;   // [C][PC] K^ K^^T, then dL o Gamma o K^K^^T
-  float* QKs = KKs + C * PC;  // [C][PC] Q^ K^^T, then Pm o Q^K^^T
-  float* Pa = QKs + C * PC;   // [C][PC] dY U^T, then Pm
-  float* Da = Pa + C * PC;    // [C][PC] dR U^T, then Z
-  float* Rg = Da + C * PC;    // K^, Q^ tiles, then the V panels
-  const int64_t tiles = 2 * C * PK, panels = 5 * C * PP;
-  float* sc = Rg + (tiles > panels ? tiles : panels);  // G, beta, dbeta, dG
-  float* G = sc;
-  float* beta = sc + C;
-  float* dbeta = sc + 2 * C;
-  float* dG = sc + 3 * C;
-  const int tid = threadIdx.x;
-  {
-    float* Khs = Rg;
-    float* Qhs = Rg + C * PK;
-    bwd_cp_rows(Khs, PK, rec + R.kh, K, C, K);
-    bwd_cp_rows(Qhs, PK, rec + R.qh, K, C, K);
-    bwd_cp_rows(Ai, PC, rec + R.ainv, C, C, C);
-    cp_commit();
-    for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
-      Pa[(idx / C) * PC + idx % C] = 0.f;
-      Da[(idx / C) * PC + idx % C] = 0.f;
-    }
-    if (tid < C) {
-      G[tid] = rec[R.sc + kScG * C + tid];
-      beta[tid] = rec[R.sc + kScBeta * C + tid];
-      dbeta[tid] = 0.f;
-    }
-    cp_wait<0>();
-    __syncthreads();
-    block_gemm<false, true, false>(C, C, K, Khs, PK, Khs, PK, KKs, PC, 1.f);  // K^ K^^T
-    block_gemm<false, true, false>(C, C, K, Qhs, PK, Khs, PK, QKs, PC, 1.f);  // Q^ K^^T
-  }
-  float* dUp = Rg;
-  float* Up = dUp + C * PP;
-  float* dYp = Up + C * PP;
-  float* dRp = dYp + C * PP;
-  float* Vp = dRp + C * PP;
-  const E* dOb = static_cast<const E*>(bp.dO);
-  for (int c0 = 0; c0 < V; c0 += VP) {
-    __syncthreads();  // the tiles (first panel) or the previous panel are consumed
-    bwd_cp_rows(dUp, PP, rec + R.du + c0, V, C, VP);
-    bwd_cp_rows(Up, PP, rec + R.u + c0, V, C, VP);
-    bwd_cp_rows(Vp, PP, rec + R.vh + c0, V, C, VP);
-    cp_commit();
-    bwd_load_rows(dYp, PP, dOb + c0, bp.dos, pt.sr.b, pt.tb, hv, L, VP);
-    cp_wait<0>();
-    __syncthreads();
-    block_gemm<true, false, false>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);  // dR = A^-T dU
-    __syncthreads();
-    bwd_store_rows(rec + R.du + c0, V, dRp, PP, C, VP);
-    block_gemm<false, true, true>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // + dY U^T
-    block_gemm<false, true, true>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // + dR U^T
-    if (tid < C) {
-      float s = dbeta[tid];
-      for (int cc = 0; cc < VP; ++cc) s = fmaf(dRp[tid * PP + cc], Vp[tid * PP + cc], s);
-      dbeta[tid] = s;  // + dR_i . v^_i
-    }
-  }
-  __syncthreads();
-  for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
-    const int i = idx / C, j = idx % C;
-    const float gam = j <= i ? expf(G[i] - G[j]) : 0.f;
-    const float pm = Pa[i * PC + j] * gam;  // 0 above the diagonal
-    const float dlg = j < i ? -Da[i * PC + j] * gam : 0.f;
-    Pa[i * PC + j] = pm;
-    Da[i * PC + j] = beta[i] * dlg;
-    QKs[i * PC + j] *= pm;
-    KKs[i * PC + j] *= dlg;
-  }
-  __syncthreads();
-  if (tid < C) {
-    const int i = tid;
-    float rx = 0.f, cx = 0.f, rt = 0.f, cbt = 0.f;
-    for (int j = 0; j < C; ++j) {
-      rx += QKs[i * PC + j];
-      cx += QKs[j * PC + i];
-      rt += KKs[i * PC + j];
-      cbt = fmaf(beta[j], KKs[j * PC + i], cbt);
-    }
-    dG[i] = (rx - cx) + (beta[i] * rt - cbt);
-    dbeta[i] += rt;
-    rec[R.sc + kScDG * C + i] = dG[i];
-    rec[R.sc + kScDBeta * C + i] = dbeta[i];
-  }
-  bwd_store_rows(rec + R.m, C, Pa, PC, C, C);
-  bwd_store_rows(rec + R.ainv, C, Da, PC, C, C);
-}
-
-template <class E>
-__global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const BwdParams bp) {
+__global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, VP = kBwdPanel, PP = bwd_pitch(VP);
   extern __shared__ float4 smem4[];
@@ -137,11 +36,16 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const
   const int L = pt.L, hv = pt.hv, h = pt.h;
   const BwdRecord R(K, V);
   float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
+  // Shared memory (bwd_grads_smem): the [C][K] accumulators, the [C][C] matrices, a region for
+  // the V panels and then the K^, Q^ tiles, the scalars.
   float* A1 = smem;         // [C][PK] dY S^T, then dq^
   float* A2 = A1 + C * PK;  // [C][PK] U dS^T, then dk^
   float* A3 = A2 + C * PK;  // [C][PK] dR S^T
-  float* Rg = A3 + C * PK;
-  const int64_t panels = 2 * int64_t(K) * PP + 3 * C * PP, tiles = 2 * C * PK + 2 * C * PC;
+  float* Ai = A3 + C * PK;  // [C][PC] A^-1, then Q^ K^^T, then K^ K^^T
+  float* Pa = Ai + C * PC;  // [C][PC] dY U^T, then Pm
+  float* Da = Pa + C * PC;  // [C][PC] dR U^T, then dL o Gamma, then Z
+  float* Rg = Da + C * PC;
+  const int64_t panels = 2 * int64_t(K) * PP + 4 * C * PP, tiles = 2 * C * PK;
   float* sc = Rg + (tiles > panels ? tiles : panels);
   float* G = sc;            // G_i
   float* beta = sc + C;     // beta_i
@@ -152,54 +56,70 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const
   float* gc = sc + 6 * C;   // Gamma_Ci
   float* red = sc + 8 * C;  // [kBwdCarryParts] partial sums of dS o S
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  bwd_cp_rows(Ai, PC, rec + R.ainv, C, C, C);
+  cp_commit();
   for (int idx = tid; idx < 3 * C * PK; idx += kBwdChunkThreads) A1[idx] = 0.f;
+  for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
+    Pa[(idx / C) * PC + idx % C] = 0.f;
+    Da[(idx / C) * PC + idx % C] = 0.f;
+  }
   if (tid < C) {
     G[tid] = rec[R.sc + kScG * C + tid];
     beta[tid] = rec[R.sc + kScBeta * C + tid];
-    dGs[tid] = rec[R.sc + kScDG * C + tid];
-    dbs[tid] = rec[R.sc + kScDBeta * C + tid];
+    dGs[tid] = 0.f;
+    dbs[tid] = 0.f;
     eg[tid] = expf(G[tid]);
     gc[tid] = expf(rec[R.sc + kScG * C + C - 1] - G[tid]);
   }
   float* Sp = Rg;             // [K][PP] the state's panel
   float* dSp = Sp + K * PP;   // [K][PP] its gradient's
-  float* dYp = dSp + K * PP;  // [C][PP]
-  float* Up = dYp + C * PP;
-  float* dRp = Up + C * PP;
+  float* dUp = dSp + K * PP;  // [C][PP]
+  float* Up = dUp + C * PP;
+  float* dYp = Up + C * PP;
+  float* dRp = dYp + C * PP;
   const E* dOb = static_cast<const E*>(bp.dO);
   float carry = 0.f;  // this thread's part of sum(dS o S), in a fixed order
   for (int c0 = 0; c0 < V; c0 += VP) {
-    __syncthreads();
+    __syncthreads();  // the previous panel is consumed
     bwd_cp_rows(Sp, PP, rec + R.s + c0, V, K, VP);
     bwd_cp_rows(dSp, PP, rec + R.ds + c0, V, K, VP);
+    bwd_cp_rows(dUp, PP, rec + R.du + c0, V, C, VP);
     bwd_cp_rows(Up, PP, rec + R.u + c0, V, C, VP);
-    bwd_cp_rows(dRp, PP, rec + R.du + c0, V, C, VP);
     cp_commit();
     bwd_load_rows(dYp, PP, dOb + c0, bp.dos, pt.sr.b, pt.tb, hv, L, VP);
     cp_wait<0>();
     __syncthreads();
+    block_gemm<true, false, false>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);  // dR = A^-T dU
     // sum(dS o S) in kBwdCarryParts fixed parts (red), whatever the block's size.
     for (int idx = tid; tid < kBwdCarryParts && idx < K * VP; idx += kBwdCarryParts) {
       const int r = idx / VP, cc = idx % VP;
       carry = fmaf(Sp[r * PP + cc], dSp[r * PP + cc], carry);
     }
+    block_gemm<false, true, true>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // + dY U^T
     block_gemm<false, true, true>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);  // + dY S^T
     block_gemm<false, true, true>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);  // + U dS^T
+    __syncthreads();                                                        // dR is complete
+    bwd_store_rows(rec + R.du + c0, V, dRp, PP, C, VP);
+    block_gemm<false, true, true>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // + dR U^T
     block_gemm<false, true, true>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);  // + dR S^T
   }
   __syncthreads();
   float* Khs = Rg;            // [C][PK]
   float* Qhs = Khs + C * PK;  // [C][PK]
-  float* Pms = Qhs + C * PK;  // [C][PC]
-  float* Zs = Pms + C * PC;   // [C][PC]
   if (tid < kBwdCarryParts) red[tid] = carry;
   bwd_cp_rows(Khs, PK, rec + R.kh, K, C, K);
   bwd_cp_rows(Qhs, PK, rec + R.qh, K, C, K);
-  bwd_cp_rows(Pms, PC, rec + R.m, C, C, C);
-  bwd_cp_rows(Zs, PC, rec + R.ainv, C, C, C);
   cp_commit();
+  // Pm = (dY U^T) o Gamma (j <= i), dL o Gamma = -(dR U^T) o Gamma (j < i).
+  for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
+    const int i = idx / C, j = idx % C;
+    const float gam = j <= i ? expf(G[i] - G[j]) : 0.f;
+    Pa[i * PC + j] *= gam;  // 0 above the diagonal
+    Da[i * PC + j] = j < i ? -Da[i * PC + j] * gam : 0.f;
+  }
   cp_wait<0>();
   __syncthreads();
+  block_gemm<false, true, false>(C, C, K, Qhs, PK, Khs, PK, Ai, PC, 1.f);  // Q^ K^^T
   // Row terms: e^G_i q^_i.(S dy_i), z_i, and k^_i.(S dR_i), one warp per token.
   for (int i = warp; i < C; i += kBwdChunkThreads / 32) {
     float a = 0.f, zk = 0.f, c = 0.f;
@@ -214,8 +134,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const
     if (lane == 0) {
       const float eG = eg[i], z = gc[i] * zk;
       zs[i] = z;
-      dGs[i] += eG * a - z - eG * beta[i] * c;
-      dbs[i] -= eG * c;
+      dGs[i] = eG * a - z - eG * beta[i] * c;
+      dbs[i] = -eG * c;
     }
   }
   __syncthreads();
@@ -231,6 +151,35 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const
       *reinterpret_cast<float4*>(A1 + i * PK + c) = x1;
       *reinterpret_cast<float4*>(A2 + i * PK + c) = x2;
     }
+  float rq = 0.f;  // row tid: sum_j (Pm o Q^K^^T)_ij - sum_j (Pm o Q^K^^T)_ji
+  if (tid < C) {
+    const int i = tid;
+    float rx = 0.f, cx = 0.f;
+    for (int j = 0; j < C; ++j) {
+      rx = fmaf(Pa[i * PC + j], Ai[i * PC + j], rx);
+      cx = fmaf(Pa[j * PC + i], Ai[j * PC + i], cx);
+    }
+    rq = rx - cx;
+  }
+  __syncthreads();
+  block_gemm<false, true, false>(C, C, K, Khs, PK, Khs, PK, Ai, PC, 1.f);  // K^ K^^T
+  __syncthreads();
+  if (tid < C) {
+    const int i = tid;
+    float rt = 0.f, cbt = 0.f;
+    for (int j = 0; j < C; ++j) {
+      rt = fmaf(Da[i * PC + j], Ai[i * PC + j], rt);
+      cbt = fmaf(beta[j] * Da[j * PC + i], Ai[j * PC + i], cbt);
+    }
+    dGs[i] += rq + (beta[i] * rt - cbt);
+    dbs[i] += rt;
+  }
+  __syncthreads();                                             // the sums above read dL o Gamma
+  for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {  // Z = diag(beta) (dL o Gamma)
+    const int i = idx / C, j = idx % C;
+    Da[i * PC + j] *= beta[i];
+  }
+  __syncthreads();
   if (tid == 0) {
     // Carried state: dG_{C-1} += gamma_C sum(dS o S) + sum_i z_i; then dg = reverse cumsum.
     float s = 0.f;
@@ -244,11 +193,10 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const
       dGs[i] = acc;
     }
   }
-  __syncthreads();
-  block_gemm<false, false, true>(C, K, C, Pms, PC, Khs, PK, A1, PK, 1.f);  // + Pm K^
-  block_gemm<true, false, true>(C, K, C, Pms, PC, Qhs, PK, A2, PK, 1.f);   // + Pm^T Q^
-  block_gemm<false, false, true>(C, K, C, Zs, PC, Khs, PK, A2, PK, 1.f);   // + Z K^
-  block_gemm<true, false, true>(C, K, C, Zs, PC, Khs, PK, A2, PK, 1.f);    // + Z^T K^
+  block_gemm<false, false, true>(C, K, C, Pa, PC, Khs, PK, A1, PK, 1.f);  // + Pm K^
+  block_gemm<true, false, true>(C, K, C, Pa, PC, Qhs, PK, A2, PK, 1.f);   // + Pm^T Q^
+  block_gemm<false, false, true>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);  // + Z K^
+  block_gemm<true, false, true>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);   // + Z^T K^
   __syncthreads();
 
   // The prologue backwards and the writes, one warp per token; lane l holds elements l + 32 m
@@ -291,19 +239,21 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const
       else
         rec[R.dq + int64_t(i) * K + r] = x;
     }
-    // dv = vscale dv^, dv^ = beta dR; the Kaczmarz share of dk: t1 = k^.dk^ + v^.dv^.
-    float t1 = 0.f;
+    // dv = vscale dv^, dv^ = beta dR; dbeta += v^ . dR; the Kaczmarz share of dk:
+    // t1 = k^.dk^ + v^.dv^.
+    float vdr = 0.f, t1 = 0.f;
 #pragma unroll
     for (int m = 0; m < kRowSlots; ++m) {
       const int r = lane + 32 * m;
       if (r < V) {
-        t1 = fmaf(vh[m], bi * dr[m], t1);
+        vdr = fmaf(vh[m], dr[m], vdr);
         dvb[b * bp.dvs[0] + t * bp.dvs[1] + int64_t(hv) * bp.dvs[2] + r] =
             Dtype<E>::from_float(ks * (bi * dr[m]));
       }
       if (r < K) t1 = fmaf(Khs[i * PK + r], A2[i * PK + r], t1);
     }
-    t1 = warp_sum(t1);
+    vdr = warp_sum(vdr);
+    t1 = fmaf(bi, vdr, warp_sum(t1));
     // dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^; then the qk l2-norm's chain through k1 = kn k.
     float dk1[kRowSlots], t2 = 0.f;
 #pragma unroll
@@ -328,7 +278,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_input_grads_kernel(const
     }
     if (lane == 0) {
       if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + hv] = dGs[i];
-      if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + hv] = dbs[i];
+      if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + hv] = dbs[i] + vdr;
     }
   }
 }

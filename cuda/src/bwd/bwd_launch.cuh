@@ -1,5 +1,5 @@
-// Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, solve
-// adjoint, input gradients, and (grouped value heads) the key heads' sums, on one stream.
+// Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, input
+// gradients, and (grouped value heads) the key heads' sums, on one stream.
 // Decides nothing: the sizes and shared memory come from bwd/bwd_layout.hpp.
 #pragma once
 
@@ -50,12 +50,8 @@ cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char
                                                 : launch_backward_scans<E, 16>(bp, stream, what))
     return e;
   if (p.max_chunks == 0) return cudaSuccess;
-  what = "the backward solve adjoint";
-  if (cudaError_t e = bwd_launch(bwd_solve_adjoint_kernel<E>, chunks, bwd_solve_smem(p.K), bp,
-                                 stream, kBwdChunkThreads))
-    return e;
   what = "the backward input gradients";
-  if (cudaError_t e = bwd_launch(bwd_input_grads_kernel<E>, chunks, bwd_grads_smem(p.K), bp, stream,
+  if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E>, chunks, bwd_grads_smem(p.K), bp, stream,
                                  kBwdChunkThreads))
     return e;
   if (bp.group > 1) {

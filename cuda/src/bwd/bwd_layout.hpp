@@ -8,9 +8,9 @@
 //   w      [C][K]  W = A^-1 diag(beta e^G) K^            (A = I + L, the chunk system)
 //   u      [C][V]  U0 = A^-1 diag(beta) V^, then U = U0 - W S (the state scan)
 //   du     [C][V]  X = M^T dY (the prep), then dU = X + K_G dS_out (the state-gradient scan), then
-//                  dR = A^-T dU
-//   m      [C][C]  M = (Q^ K^^T) o Gamma (lower), then Pm = (dY U^T) o Gamma
-//   ainv   [C][C]  A^-1 (lower), then Z = beta_i Gamma o dL
+//                  dR = A^-T dU (the input gradients)
+//   m      [C][C]  M = (Q^ K^^T) o Gamma (lower)
+//   ainv   [C][C]  A^-1 (lower)
 //   sc     [16][C] per-token scalars (BwdScalar rows)
 //   s, ds  [K][V]  the chunk's incoming state S; Y = Q^^T diag(e^G) dY (the prep), then the
 //                  gradient of the chunk's outgoing state
@@ -29,7 +29,7 @@ constexpr int kBwdMaxHeadDim = 128;
 /// Threads of every backward kernel; value columns per state-scan block; V panel of the
 /// per-chunk kernels.
 // Threads a block: the two scans and the key-head sums run 8 warps; the fully parallel kernels
-// (prep, solve adjoint, input gradients) 16 (kBwdChunkThreads): one such block fills a
+// (prep, input gradients) 16 (kBwdChunkThreads): one such block fills a
 // multiprocessor's shared memory, and 16 warps hide the latency of its loads and products that 8
 // left exposed (docs/prefill_notes.md, backward v7). The sum of dS o S in the input-gradient kernel
 // keeps kBwdCarryParts fixed parts, so its order does not depend on the block's size.
@@ -49,8 +49,6 @@ enum BwdScalar : int {
   kScQscale,      // q^ = qscale q (read-out scale included)
   kScBeta,        // beta (0 past the end and for degenerate keys)
   kScG,           // inclusive cumulative log decay G_i
-  kScDG,          // d loss / d G_i, the parts the solve adjoint finds
-  kScDBeta,       // d loss / d beta_i, the same
   kScChunk,       // [0] = gamma_C = e^{G_{C-1}}
   kBwdScalarRows = 16
 };
@@ -98,17 +96,13 @@ constexpr int64_t bwd_scan_smem(int K, int VS) {
   return 4 * (2 * bwd_scan_stage_floats(K, VS, true) + int64_t(K) * bwd_pitch(VS) +
               kChunk * bwd_pitch(VS));
 }
-constexpr int64_t bwd_solve_smem(int K) {
-  const int64_t tiles = 2 * kChunk * bwd_pitch(K);           // K^, Q^ (first phase)
-  const int64_t panels = 5 * kChunk * bwd_pitch(kBwdPanel);  // dU, U, dY, dR, V^ panels
-  return 4 * (5 * kChunk * bwd_pitch(kChunk) + (tiles > panels ? tiles : panels) + 4 * kChunk);
-}
 constexpr int64_t bwd_grads_smem(int K) {
-  const int64_t acc = 3 * kChunk * bwd_pitch(K);  // dY S^T, U dS^T, dR S^T
-  // the S and dS panels ([K][VP]), the dY, U, dR panels; then K^, Q^, Pm, Z
-  const int64_t panels = 2 * int64_t(K) * bwd_pitch(kBwdPanel) + 3 * kChunk * bwd_pitch(kBwdPanel);
-  const int64_t tiles = 2 * kChunk * bwd_pitch(K) + 2 * kChunk * bwd_pitch(kChunk);
-  return 4 * (acc + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdCarryParts);
+  const int64_t acc = 3 * kChunk * bwd_pitch(K);        // dY S^T, U dS^T, dR S^T
+  const int64_t mats = 3 * kChunk * bwd_pitch(kChunk);  // A^-1 (then Q^K^^T, K^K^^T), Pm, Z
+  // the S and dS panels ([K][VP]), the dU, U, dY, dR panels; then K^, Q^
+  const int64_t panels = 2 * int64_t(K) * bwd_pitch(kBwdPanel) + 4 * kChunk * bwd_pitch(kBwdPanel);
+  const int64_t tiles = 2 * kChunk * bwd_pitch(K);
+  return 4 * (acc + mats + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdCarryParts);
 }
 
 }  // namespace kla::layout
