@@ -2,7 +2,7 @@
 //
 //   prefill  kla_chunk_forward at B x T x H in {1x32768x16, 4x8192x16, 1x131072x8, 8x4096x16},
 //            K = V = 128, and the paper's model shape 1x32768x12 with K = 96, V = 192; in fp32
-//            also with kla_params.fp32_math = FAST ("fp32_fast"); in bf16 also 1x32768x16
+//            also with kla_params.arithmetic = FAST ("fp32_fast"); in bf16 also 1x32768x16
 //            without a workspace ("no_workspace": the generic kernel)
 //   decode   kla_tokenwise_forward, one token, B in {1, 8, 64, 256}, H = 16, K = V = 128, fp32
 //            state updated in place; back-to-back launches ("launch") and replays of a captured
@@ -142,7 +142,7 @@ struct Case {
   bool decode;
   Shape shape;
   bool workspace = true;   // prefill: pass the fast path's workspace; false: the generic kernel
-  bool fp32_fast = false;  // fp32 prefill with kla_params.fp32_math = FAST
+  bool fp32_fast = false;  // fp32 prefill with kla_params.arithmetic = FAST
 
   double head_tokens() const { return double(shape.gate_elems()); }
   /// The fewest bytes a call must move (see the file comment).
@@ -196,7 +196,7 @@ class Rotation {
       p.g = static_cast<const float*>(alloc(ng * 4, Fill::log_decay, seed + 5));
       p.eta = static_cast<const float*>(alloc(ng * 4, Fill::eta, seed + 6));
       p.eps = 1e-6f;
-      p.fp32_math = c.fp32_fast ? KLA_FP32_MATH_FAST : KLA_FP32_MATH_ACCURATE;
+      p.arithmetic = c.fp32_fast ? KLA_ARITHMETIC_FAST : KLA_ARITHMETIC_ACCURATE;
       if (c.decode) {
         float* s = static_cast<float*>(alloc(ns * 4, Fill::state, seed + 7));
         p.initial_state = s;
@@ -492,7 +492,7 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (kla_dtype dt : dts)
     for (const Shape& s : prefill_shapes(dt)) cases.push_back({false, s});
-  for (const Shape& s : prefill_shapes(KLA_DTYPE_FP32))  // fp32_math FAST
+  for (const Shape& s : prefill_shapes(KLA_DTYPE_FP32))  // arithmetic FAST
     cases.push_back({false, s, true, true});
   for (kla_dtype dt : dts)
     for (int B : {1, 8, 64, 256}) cases.push_back({true, {dt, B, 1, 16, 16, 128, 128}});

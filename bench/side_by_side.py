@@ -80,9 +80,10 @@ class Runner:
         self.budget = args.budget
         self.lib = kc.KlaLibrary(args.lib)
         self.dev = torch.device("cuda")
-        # "fp32 fast": fp32 storage with kla_params.fp32_math = FAST (ours only; FLA runs fp32).
+        # "... fast": kla_params.arithmetic = FAST (ours only; FLA runs its one arithmetic).
         self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-                       "fp32 fast": torch.float32}
+                       "fp32 fast": torch.float32, "bf16 fast": torch.bfloat16,
+                       "fp16 fast": torch.float16}
         prop = torch.cuda.get_device_properties(0)
         self.l2 = int(getattr(prop, "L2_cache_size", 50 << 20))
         self.beta_dtype_note = None
@@ -220,8 +221,8 @@ class Runner:
         return self.torch.cuda.current_stream().cuda_stream
 
     # ---- inputs -----------------------------------------------------------------------------
-    def fp32_math(self, dname):
-        return self.kc.FP32_MATH_FAST if dname == "fp32 fast" else self.kc.FP32_MATH_ACCURATE
+    def arithmetic(self, dname):
+        return self.kc.ARITHMETIC_FAST if dname.endswith(" fast") else self.kc.ARITHMETIC_ACCURATE
 
     def workspace(self, B, T, H, K, V, dname):
         """kla_chunk_forward's device workspace for these sizes and dtype (one for all sets: the
@@ -230,13 +231,13 @@ class Runner:
         p.batch, p.seq_len, p.num_heads, p.num_v_heads = B, T, H, H
         p.head_dim_k, p.head_dim_v = K, V
         p.dtype = self.kc.torch_dtype_code(self.dtypes[dname])
-        p.fp32_math = self.fp32_math(dname)
+        p.arithmetic = self.arithmetic(dname)
         n = self.lib.workspace_size(p)
         if not n:  # the fast paths need it: without one the timings would be the generic kernel's
             raise RuntimeError(f"kla_workspace_size = 0 for B={B} T={T} H={H} K={K} V={V}")
         return self.torch.empty(n, dtype=self.torch.uint8, device=self.dev)
 
-    def make_set(self, B, T, H, K, V, dtype, decode=False, fla=True, ws=None, fp32_math=0):
+    def make_set(self, B, T, H, K, V, dtype, decode=False, fla=True, ws=None, arithmetic=0):
         """Random inputs (never zeros): q, k, v ~ N(0,1) in dtype; g uniform in [-0.2, -0.005]
         (natural-log decay), eta uniform in [0.3, 1) fp32; beta = eta/(|k|^2+eps) for FLA."""
         torch = self.torch
@@ -258,7 +259,7 @@ class Runner:
         s["p"] = self.kc.make_params(self.lib, s["q"], s["k"], s["v"], s["o"], s["g"], s["eta"],
                                      eps=EPS, scale=K ** -0.5,
                                      initial_state=s.get("S"), final_state=s.get("S"),
-                                     workspace=ws, fp32_math=fp32_math)
+                                     workspace=ws, arithmetic=arithmetic)
         return s
 
     def kla_beta(self, k, eta):
@@ -308,9 +309,14 @@ class Runner:
         torch = self.torch
         B, T, H, K, V = 1, 2048, 16, 128, 128
         ws = self.workspace(B, T, H, K, V, dname)
-        s = self.make_set(B, T, H, K, V, self.dtypes[dname], ws=ws, fp32_math=self.fp32_math(dname))
+        s = self.make_set(B, T, H, K, V, self.dtypes[dname], ws=ws, arithmetic=self.arithmetic(dname))
+        if dname in ("bf16 fast", "fp16 fast"):  # their FAST arithmetic is the transposed scan's
+            s["p"].path = self.kc.PATH_WY_TRANSPOSED
         ref = self.reference(s)
-        r = {"dtype": dname, "shape": f"{B}x{T}x{H} K{K} V{V}"}
+        plan = self.lib.plan_chunk_forward(s["p"])
+        r = {"dtype": dname, "shape": f"{B}x{T}x{H} K{K} V{V}",
+             "plan": f"{plan['path']}/{plan['value_slice']}" +
+                     (" FAST" if plan["arithmetic"] == "fast" else "")}
         self.lib.chunk_forward(s["p"], self.stream())
         torch.cuda.synchronize()
         r["ours_chunk"] = rel_rms(s["o"], ref)
@@ -344,9 +350,9 @@ class Runner:
         torch = self.torch
         dtype = self.dtypes[dname]
         ws = self.workspace(B, T, H, K, V, dname)
-        m = self.fp32_math(dname)
-        first = self.make_set(B, T, H, K, V, dtype, ws=ws, fp32_math=m)
-        sets = [first] + [self.make_set(B, T, H, K, V, dtype, ws=ws, fp32_math=m)
+        m = self.arithmetic(dname)
+        first = self.make_set(B, T, H, K, V, dtype, ws=ws, arithmetic=m)
+        sets = [first] + [self.make_set(B, T, H, K, V, dtype, ws=ws, arithmetic=m)
                           for _ in range(self.n_sets(self.set_bytes(first), cap=32) - 1)]
         n = len(sets)
         es = torch.finfo(dtype).bits // 8
@@ -357,7 +363,8 @@ class Runner:
         st = self.stream
         # The plan the timed calls run (kla_plan_chunk_forward: path, slice, why).
         plan = self.lib.plan_chunk_forward(first["p"])
-        r["plan"] = f"{plan['path']}/{plan['value_slice']}"
+        r["plan"] = (f"{plan['path']}/{plan['value_slice']}" +
+                     (" FAST" if plan["arithmetic"] == "fast" else ""))
         r["plan_reason"] = plan["reason"]
         r["ours"] = self.median_ms(lambda i: self.lib.chunk_forward(sets[i % n]["p"], st()))
         r["ours_frac"] = floor_ms / r["ours"]
@@ -438,11 +445,11 @@ class Runner:
                                                                        sweep=True))
         for c in others:
             self.step(f"prefill bf16 {c}", lambda c=c: self.prefill("bf16", *c), need=30)
-        for d in ("fp16", "fp32", "fp32 fast"):
+        for d in ("fp16", "fp32", "fp32 fast", "bf16 fast", "fp16 fast"):
             self.step(f"accuracy {d}", lambda d=d: self.accuracy(d), need=30)
             for c in main16:
                 self.step(f"prefill {d} {c}", lambda d=d, c=c: self.prefill(d, *c), need=20)
-        for d in ("fp16", "fp32", "fp32 fast"):
+        for d in ("fp16", "fp32", "fp32 fast"):  # bf16 / fp16 FAST: only the transposed rows differ
             for c in others:
                 self.step(f"prefill {d} {c}", lambda d=d, c=c: self.prefill(d, *c), need=30)
         self.res["meta"]["elapsed_s"] = time.time() - self.t0

@@ -11,7 +11,7 @@
 //   * kla_validate returns a kla_status in range, never NO_DEVICE / CUDA / UNSUPPORTED_PATH
 //     (host-only validation), and ABI_MISMATCH exactly when the stamp is wrong;
 //   * the message is "kla: ..." on failure and "" on success;
-//   * the early checks (ABI stamp, dtype, coefficient, read-out, fp32_math, path, value_slice)
+//   * the early checks (ABI stamp, dtype, coefficient, read-out, arithmetic, path, value_slice)
 //     give exactly the status of the first one that fails, in kla_validate's order;
 //   * if it returns KLA_SUCCESS, the struct is valid by the independent check below;
 //   * if the independent check says valid, it is accepted;
@@ -58,7 +58,7 @@ int g_invalid_line = 0;
 
 // Enum fields are read and written as raw 32-bit integers: a C caller may store any int there.
 static_assert(sizeof(kla_dtype) == 4 && sizeof(kla_coefficient) == 4 && sizeof(kla_readout) == 4 &&
-              sizeof(kla_fp32_math) == 4 && sizeof(kla_path) == 4);
+              sizeof(kla_arithmetic) == 4 && sizeof(kla_path) == 4);
 template <class E>
 std::int32_t raw_enum(const E& e) {
   std::int32_t v;
@@ -74,13 +74,13 @@ void set_enum(E& e, std::int32_t v) {
   std::fprintf(stderr,
                "fuzz_validate: %s (status %d, message '%s', independent check line %d)\n  "
                "abi_version=%u struct_size=%u dtype=%d B=%lld T=%lld H=%lld HV=%lld K=%lld "
-               "V=%lld num_seqs=%lld pool_size=%lld fp32_math=%d path=%d value_slice=%d "
+               "V=%lld num_seqs=%lld pool_size=%lld arithmetic=%d path=%d value_slice=%d "
                "workspace=%p workspace_size=%zu\n",
                what, st, kla_last_error_message(), g_invalid_line, p.abi_version, p.struct_size,
                int(raw_enum(p.dtype)), (long long)p.batch, (long long)p.seq_len,
                (long long)p.num_heads, (long long)p.num_v_heads, (long long)p.head_dim_k,
                (long long)p.head_dim_v, (long long)p.num_seqs, (long long)p.pool_size,
-               int(raw_enum(p.fp32_math)), int(raw_enum(p.path)), int(p.value_slice), p.workspace,
+               int(raw_enum(p.arithmetic)), int(raw_enum(p.path)), int(p.value_slice), p.workspace,
                p.workspace_size);
   std::abort();
 }
@@ -185,7 +185,7 @@ std::optional<kla_status> early_status(const kla_params& p) {
   if (p.abi_version != KLA_ABI_VERSION || p.struct_size != sizeof(kla_params))
     return KLA_ERROR_ABI_MISMATCH;
   const auto dt = raw_enum(p.dtype), co = raw_enum(p.coefficient), ro = raw_enum(p.readout);
-  const auto fm = raw_enum(p.fp32_math), path = raw_enum(p.path);
+  const auto fm = raw_enum(p.arithmetic), path = raw_enum(p.path);
   if (dt < 0 || dt > 2) return KLA_ERROR_UNSUPPORTED_DTYPE;
   if (co < 0 || co > 1 || ro < 0 || ro > 2 || fm < 0 || fm > 1) return KLA_ERROR_INVALID_VALUE;
   if (path < KLA_PATH_AUTO || path > KLA_PATH_TOKENWISE) return KLA_ERROR_INVALID_VALUE;
@@ -197,14 +197,14 @@ std::optional<kla_status> early_status(const kla_params& p) {
 /// The workspace a call needs, from kla.h's documented layout alone (not the library's code): per
 /// 64-token chunk slot (fixed lengths: N * ceil(T / 64); packed: T / 64 + N) one record of 34048
 /// bytes a value head (T and P, 64 x 64 fp32 each, and 5 x 64 fp32 scalars), plus, for fp16 and
-/// for fp32 with fp32_math FAST at head_dim_k 64, 96 or 128, the chunk's K and Q split into bf16
+/// for fp32 with arithmetic FAST at head_dim_k 64, 96 or 128, the chunk's K and Q split into bf16
 /// hi + lo: 2 x ceil(K / 64) x 64 x 128 bytes each, per key head. Head dims set (validated).
 i128 documented_workspace_size(const kla_params& p) {
   const bool packed = p.cu_seqlens != nullptr;
   const std::int64_t N = packed ? p.num_seqs : p.batch, T = p.seq_len, K = p.head_dim_k;
   const i128 slots = packed ? i128(T / 64 + N) : mul(N, (T + 63) / 64);
   const bool images =
-      (raw_enum(p.dtype) == 2 || (raw_enum(p.dtype) == 0 && raw_enum(p.fp32_math) == 1)) &&
+      (raw_enum(p.dtype) == 2 || (raw_enum(p.dtype) == 0 && raw_enum(p.arithmetic) == 1)) &&
       (K == 64 || K == 96 || K == 128);
   const i128 image = images ? i128(2 * ((K + 63) / 64) * 64 * 128) : 0;
   return mul(slots, add(mul(p.num_v_heads, 34048), mul(2 * p.num_heads, image)));
@@ -214,7 +214,7 @@ Verdict independent(const kla_params& p, const HostArrays& a) {
   bool addressable = true;
   if (p.abi_version != KLA_ABI_VERSION || p.struct_size != sizeof(kla_params)) return KLA_INVALID();
   const auto dt = raw_enum(p.dtype), co = raw_enum(p.coefficient), ro = raw_enum(p.readout);
-  const auto fm = raw_enum(p.fp32_math), path = raw_enum(p.path);
+  const auto fm = raw_enum(p.arithmetic), path = raw_enum(p.path);
   if (dt < 0 || dt > 2 || co < 0 || co > 1 || ro < 0 || ro > 2 || fm < 0 || fm > 1)
     return KLA_INVALID();
   // ABI 4: a known path; value_slice 0 or one of the documented widths, nonzero only with an
@@ -727,7 +727,7 @@ void check_plan(const kla_params& p, const kla_device_info& d, const PlanResult&
   if (vs <= 0 || V % vs != 0) bad("value_slice does not divide head_dim_v");
   if (p.value_slice != 0 && vs != p.value_slice) bad("a requested value_slice was not honoured");
   const auto dt = raw_enum(p.dtype);
-  const bool fast = raw_enum(p.fp32_math) == KLA_FP32_MATH_FAST;
+  const bool fast = raw_enum(p.arithmetic) == KLA_ARITHMETIC_FAST;
   // The documented conditions of each path (kla.h, kla_path and kla_params.value_slice).
   if (wy) {
     if (d.compute_major != 9) bad("a WY path on a device that is not compute capability 9.x");
@@ -738,7 +738,7 @@ void check_plan(const kla_params& p, const kla_device_info& d, const PlanResult&
       if (vs != 8 && vs != 16 && vs != 32) bad("WY with a value_slice other than 8, 16, 32");
       if (vs == 8 && K < 96) bad("WY with 8-column slices and head_dim_k < 96");
       if (K != 64 && K != 96 && K != 128) bad("WY with head_dim_k not in {64, 96, 128}");
-      if (dt == KLA_DTYPE_FP32 && !fast) bad("WY for fp32 with fp32_math ACCURATE");
+      if (dt == KLA_DTYPE_FP32 && !fast) bad("WY for fp32 with arithmetic ACCURATE");
       break;
     case KLA_PATH_WY_TRANSPOSED:
       if (vs != 64) bad("WY_TRANSPOSED with a value_slice other than 64");
@@ -756,6 +756,13 @@ void check_plan(const kla_params& p, const kla_device_info& d, const PlanResult&
       if (pl.prep_blocks != 0 || pl.prep_smem_bytes != 0) bad("GENERIC (one pass) has a prep");
       break;
   }
+  // kla.h, kla_arithmetic: FAST runs where asked for and the path has it (fp32 on WY, bf16 / fp16
+  // on WY_TRANSPOSED); every other call runs ACCURATE.
+  const bool fast_path =
+      dt == KLA_DTYPE_FP32 ? path == KLA_PATH_WY : path == KLA_PATH_WY_TRANSPOSED;
+  if (raw_enum(pl.arithmetic) !=
+      (fast && fast_path ? KLA_ARITHMETIC_FAST : KLA_ARITHMETIC_ACCURATE))
+    bad("kla_plan.arithmetic is not FAST exactly where asked for on a path that has it");
   if (two_pass ? pl.chunk_len != 64 : pl.chunk_len != 32 && pl.chunk_len != 64)
     bad("chunk_len is not 64 (two-pass paths) or 32 / 64 (generic)");
   if (two_pass && (pl.prep_blocks <= 0 || pl.workspace_bytes == 0))
@@ -877,7 +884,7 @@ void check_backward(const kla_params& p, Bytes& r) {
   kla_params f = p;
   f.o = const_cast<void*>(b.d_o);
   f.final_state = nullptr, f.workspace = nullptr, f.workspace_size = 0;
-  set_enum(f.path, KLA_PATH_AUTO), f.value_slice = 0, set_enum(f.fp32_math, 0);
+  set_enum(f.path, KLA_PATH_AUTO), f.value_slice = 0, set_enum(f.arithmetic, 0);
   const bool stamped = p.abi_version == KLA_ABI_VERSION && p.struct_size == sizeof(kla_params);
   const bool fwd_ok = stamped && !p.state_pool && kla_validate(&f) == KLA_SUCCESS && K <= 128 &&
                       V <= 128 && b.workspace_size > 0;
@@ -929,7 +936,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (d.abi_version != KLA_ABI_VERSION || d.struct_size != sizeof(kla_params) ||
         raw_enum(d.path) != KLA_PATH_AUTO || d.value_slice != 0 || d.eta_value != 1.0f ||
         d.eps != 0.0f || d.scale != 0.0f || raw_enum(d.coefficient) != KLA_COEFF_KACZMARZ ||
-        raw_enum(d.readout) != KLA_READOUT_SCALE || raw_enum(d.fp32_math) != 0 || d.workspace ||
+        raw_enum(d.readout) != KLA_READOUT_SCALE || raw_enum(d.arithmetic) != 0 || d.workspace ||
         d.q || d.cu_seqlens || d.state_pool)
       std::abort();
   }
@@ -969,7 +976,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // Newer still (ABI 3): the fp32 arithmetic, any 32-bit value from time to time; a valid
   // workspace stays valid (its need grows with FAST).
-  set_enum(p.fp32_math, r.flag() ? std::int32_t(pick_i64(r, 0)) : r.range(0, 2));
+  set_enum(p.arithmetic, r.flag() ? std::int32_t(pick_i64(r, 0)) : r.range(0, 2));
   if (ws_case == 2) p.workspace_size = std::max(p.workspace_size, kla_workspace_size(&p));
   const int s1 = check(p, a, false);
 

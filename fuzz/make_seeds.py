@@ -24,17 +24,17 @@ def write(target, name, data):
         f.write(bytes(data))
 
 
-def abi4_prefix(dtype=1, k=64, v=64, workspace=True, fp32_math=0):
+def abi4_prefix(dtype=1, k=64, v=64, workspace=True, arithmetic=0):
     """The bytes fuzz_validate reads before the ABI-4 fields, for a valid struct with no mutation:
     dtype (0 fp32, 1 bf16, 2 fp16), B = 1, T = 48, H = 1, HV = 2, head dims k and v (multiples of
     16), unpadded [B,T,H,D] layouts, no gates, eps read from its byte, no cu_seqlens, no
-    states; then no mutation, a valid workspace (or none) and fp32_math."""
+    states; then no mutation, a valid workspace (or none) and arithmetic."""
     b = [dtype, 0, 47, 0, 1, k // 16 - 1, v // 16 - 1]
     b += [0, 0, 0] + [1, 0, 0] + [2, 0, 0] + [8, 0]  # q, k, v (ptr, pad, not time-major), o
     b += [0, 0, 8, 0, 0, 16, 0, 0, 0, 0]  # no g / eta, eta_value, eps, scale, enums, B, states
     b += [0]  # no mutation
     b += [2, 0] if workspace else [0]  # workspace: valid (0 spare bytes) or none
-    b += [0, fp32_math]
+    b += [0, arithmetic]
     return b
 
 
@@ -53,7 +53,7 @@ def abi4_validate_seeds():
         ("tf32-vs8-a100", p(dtype=0) + [3, 1] + a100 + end),
         ("generic-vs32-cc10", p() + [4, 3, 2, 6, 131, 9, 1] + end),
         ("tokenwise-refused", p() + [5, 0] + h100 + end),
-        ("auto-fp32-fast-k96", p(dtype=0, k=96, fp32_math=1) + [0, 0] + h100 + end),
+        ("auto-fp32-fast-k96", p(dtype=0, k=96, arithmetic=1) + [0, 0] + h100 + end),
         ("auto-value-slice", p() + [0, 1] + h100 + end),
         ("auto-no-workspace", p(workspace=False) + [0, 0] + h100 + end),
         ("wy-no-workspace", p(workspace=False) + [1, 0] + h100 + end),

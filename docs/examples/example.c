@@ -112,7 +112,7 @@ int main(void) {
     return 1;
   }
 
-  /* 3. A path request runs that path or fails, never falls back: fp32 with fp32_math ACCURATE
+  /* 3. A path request runs that path or fails, never falls back: fp32 with arithmetic ACCURATE
    *    is no call for the WY path (on any device), so nothing is launched or written. */
   kla_params r = p;
   r.path = KLA_PATH_WY;

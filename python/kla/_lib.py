@@ -125,7 +125,7 @@ class Library:
         if not (p.abi_version == abi_version and p.struct_size == size and p.eta_value == 1.0
                 and p.eps == 0.0 and p.scale == 0.0 and p.dtype == P.DTYPE_BF16
                 and p.coefficient == P.COEFF_KACZMARZ and p.readout == P.READOUT_SCALE
-                and p.batch == 0 and p.fp32_math == P.FP32_MATH_ACCURATE
+                and p.batch == 0 and p.arithmetic == P.ARITHMETIC_ACCURATE
                 and p.path == P.PATH_AUTO and p.value_slice == 0):
             raise KlaLibraryError(f"kla: the defaults kla_params_init writes in {self.path} "
                                   f"are not where this package expects them")

@@ -1,4 +1,4 @@
-"""The C structs of kla.h (ABI 4) mirrored in ctypes, their constants, and filling kla_params.
+"""The C structs of kla.h (ABI 5) mirrored in ctypes, their constants, and filling kla_params.
 
 The layout is checked three ways: the offsets ctypes computes must equal EXPECTED_OFFSETS (read
 off kla.h with offsetof on x86-64 / LP64) at import; at load, _lib.py asks the library to fill a
@@ -9,17 +9,17 @@ layout (KLA_ERROR_ABI_MISMATCH).
 import ctypes
 from ctypes import c_char, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_uint32, c_void_p
 
-ABI_VERSION = 4  # KLA_ABI_VERSION of the kla.h this file mirrors
+ABI_VERSION = 5  # KLA_ABI_VERSION of the kla.h this file mirrors
 
 DTYPE_FP32, DTYPE_BF16, DTYPE_FP16 = 0, 1, 2
 COEFF_KACZMARZ, COEFF_GIVEN = 0, 1
 READOUT_SCALE, READOUT_Q_L2NORM, READOUT_QK_L2NORM = 0, 1, 2
-FP32_MATH_ACCURATE, FP32_MATH_FAST = 0, 1
+ARITHMETIC_ACCURATE, ARITHMETIC_FAST = 0, 1
 PATH_AUTO, PATH_WY, PATH_WY_TRANSPOSED, PATH_TF32, PATH_GENERIC, PATH_TOKENWISE = range(6)
 
 PATHS = {"auto": PATH_AUTO, "wy": PATH_WY, "wy_transposed": PATH_WY_TRANSPOSED,
          "tf32": PATH_TF32, "generic": PATH_GENERIC, "tokenwise": PATH_TOKENWISE}
-FP32_MATH = {"accurate": FP32_MATH_ACCURATE, "fast": FP32_MATH_FAST}
+ARITHMETIC = {"accurate": ARITHMETIC_ACCURATE, "fast": ARITHMETIC_FAST}
 READOUTS = {"scale": READOUT_SCALE, "q_l2norm": READOUT_Q_L2NORM}
 STATUS_NAMES = (
     "KLA_SUCCESS", "KLA_ERROR_NULL_POINTER", "KLA_ERROR_INVALID_SIZE", "KLA_ERROR_SHAPE_MISMATCH",
@@ -42,7 +42,7 @@ class KlaParams(ctypes.Structure):
         ("initial_state", c_void_p), ("final_state", c_void_p), ("state_pool", c_void_p),
         ("pool_size", c_int64), ("state_indices", c_void_p), ("state_indices_host", c_void_p),
         ("cu_seqlens", c_void_p), ("cu_seqlens_host", c_void_p), ("num_seqs", c_int64),
-        ("workspace", c_void_p), ("workspace_size", c_size_t), ("fp32_math", c_int),
+        ("workspace", c_void_p), ("workspace_size", c_size_t), ("arithmetic", c_int),
         ("path", c_int), ("value_slice", c_int32),
     ]
 
@@ -52,7 +52,8 @@ class KlaPlan(ctypes.Structure):
         ("path", c_int), ("path_name", c_char_p), ("chunk_len", c_int32),
         ("value_slice", c_int32), ("stages", c_int32), ("threads", c_int32),
         ("blocks", c_int64), ("prep_blocks", c_int64), ("smem_bytes", c_int64),
-        ("prep_smem_bytes", c_int64), ("workspace_bytes", c_size_t), ("reason", c_char * 768),
+        ("prep_smem_bytes", c_int64), ("workspace_bytes", c_size_t), ("arithmetic", c_int),
+        ("reason", c_char * 768),
     ]
 
 
@@ -85,7 +86,7 @@ EXPECTED_OFFSETS = {
     "coefficient": 252, "readout": 256, "initial_state": 264, "final_state": 272,
     "state_pool": 280, "pool_size": 288, "state_indices": 296, "state_indices_host": 304,
     "cu_seqlens": 312, "cu_seqlens_host": 320, "num_seqs": 328, "workspace": 336,
-    "workspace_size": 344, "fp32_math": 352, "path": 356, "value_slice": 360,
+    "workspace_size": 344, "arithmetic": 352, "path": 356, "value_slice": 360,
 }
 
 
@@ -109,7 +110,7 @@ def check_struct_layout():
     assert [f[0] for f in KlaBackwardParams._fields_] == list(EXPECTED_BACKWARD_OFFSETS)
     for name, off in EXPECTED_BACKWARD_OFFSETS.items():
         assert getattr(KlaBackwardParams, name).offset == off, name
-    assert ctypes.sizeof(KlaPlan) == 840, ctypes.sizeof(KlaPlan)
+    assert ctypes.sizeof(KlaPlan) == 848, ctypes.sizeof(KlaPlan)
     assert ctypes.sizeof(KlaDeviceInfo) == 32, ctypes.sizeof(KlaDeviceInfo)
 
 
@@ -130,7 +131,7 @@ def _ptr(t):
 def fill(p, q, k, v, o, *, g=None, eta=None, eta_value=1.0, eps=0.0, scale=0.0,
          coefficient=COEFF_KACZMARZ, readout=READOUT_SCALE, initial_state=None,
          final_state=None, state_pool=None, state_indices=None, state_indices_host=None,
-         cu_seqlens=None, cu_seqlens_host=None, workspace=None, fp32_math=FP32_MATH_ACCURATE,
+         cu_seqlens=None, cu_seqlens_host=None, workspace=None, arithmetic=ARITHMETIC_ACCURATE,
          path=PATH_AUTO, value_slice=0):
     """Fills kla_params p (from kla_params_init_abi) for torch tensors, as the ops pass it.
 
@@ -167,7 +168,7 @@ def fill(p, q, k, v, o, *, g=None, eta=None, eta_value=1.0, eps=0.0, scale=0.0,
         p.num_seqs = cu_seqlens_host.shape[0] - 1
     if workspace is not None:
         p.workspace, p.workspace_size = workspace.data_ptr(), workspace.numel()
-    p.fp32_math, p.path, p.value_slice = fp32_math, path, value_slice
+    p.arithmetic, p.path, p.value_slice = arithmetic, path, value_slice
     return p
 
 

@@ -48,13 +48,14 @@ class Plan:
     smem_bytes: int
     prep_smem_bytes: int
     workspace_bytes: int
+    arithmetic: str  # what the kernels run: "accurate", or "fast" where asked and the path has it
     reason: str
 
     @classmethod
     def _from_c(cls, p):
         return cls(p.path_name.decode(), p.chunk_len, p.value_slice, p.stages, p.threads,
                    p.blocks, p.prep_blocks, p.smem_bytes, p.prep_smem_bytes, p.workspace_bytes,
-                   p.reason.decode())
+                   "fast" if p.arithmetic == P.ARITHMETIC_FAST else "accurate", p.reason.decode())
 
 
 class _Shape:
@@ -83,7 +84,7 @@ def _addresses():
 
 
 def plan(q, k, v, g=None, eta=None, *, kind="chunk", cu_seqlens=None, initial_state=None,
-         output_final_state=True, coefficient="kaczmarz", fp32_math="accurate", path="auto",
+         output_final_state=True, coefficient="kaczmarz", arithmetic="accurate", path="auto",
          value_slice=0, device=None):
     """The Plan of a chunk_* (kind='chunk') or fused_recurrent_* (kind='recurrent') call with
     these tensors and options. Raises kla.KlaError (KLA_ERROR_UNSUPPORTED_PATH with the reason)
@@ -105,7 +106,7 @@ def plan(q, k, v, g=None, eta=None, *, kind="chunk", cu_seqlens=None, initial_st
                coefficient=coef, initial_state=_addr(initial_state),
                final_state=_addr(final) if output_final_state else None,
                cu_seqlens=_addr(cu_host), cu_seqlens_host=cu_host,
-               fp32_math=_enum(P.FP32_MATH, fp32_math, "fp32_math"),
+               arithmetic=_enum(P.ARITHMETIC, arithmetic, "arithmetic"),
                path=_enum(P.PATHS, path, "path"), value_slice=int(value_slice))
     if kind == "recurrent":
         if device is not None:

@@ -180,9 +180,9 @@ def _grad_needed(*tensors):
 # ---- the shared bodies -------------------------------------------------------------------------
 def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
            cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first, coefficient,
-           readout, fp32_math, path, value_slice):
+           readout, arithmetic, path, value_slice):
     _check_qkv(q, k, v)
-    fp32_math = _enum(P.FP32_MATH, fp32_math, "fp32_math")
+    arithmetic = _enum(P.ARITHMETIC, arithmetic, "arithmetic")
     path = _enum(P.PATHS, path, "path")
     if path == P.PATH_TOKENWISE:
         raise ValueError("kla: path='tokenwise' is the decode kernel: call fused_recurrent_*")
@@ -194,7 +194,7 @@ def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_s
     g, eta = _gate(g, "g", v), _gate(eta, "beta" if coefficient else "eta", v)
     h0 = _state_in(initial_state, q, v, n, state_v_first)
     args = (q, k, v, g, eta, h0, cu_seqlens, cu_seqlens_cpu, scale, float(eps),
-            float(eta_value), coefficient, readout, bool(output_final_state), fp32_math, path,
+            float(eta_value), coefficient, readout, bool(output_final_state), arithmetic, path,
             int(value_slice))
     fn = ops.chunk_fwd_impl if _eager(q, k, v, g, eta, h0) else ops.chunk_fwd
     o, final = fn(*args)
@@ -283,7 +283,7 @@ def _recurrent(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_fin
 # ---- the public functions ----------------------------------------------------------------------
 def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
               output_final_state=False, cu_seqlens=None, use_qk_l2norm_in_kernel=False, *,
-              cu_seqlens_cpu=None, state_v_first=False, readout="scale", fp32_math="accurate",
+              cu_seqlens_cpu=None, state_v_first=False, readout="scale", arithmetic="accurate",
               path="auto", value_slice=0):
     """KLA prefill (kla_chunk_forward, the Kaczmarz coefficient beta = eta / (|k|^2 + eps)
     computed in the kernel in fp32 from the raw key). Returns (o, final_state).
@@ -294,15 +294,18 @@ def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=Non
     transposed copy); final_state likewise when output_final_state, else None. cu_seqlens
     [N+1] int32/int64 packs N sequences in B = 1 (on the device it costs one device-to-host copy
     unless cu_seqlens_cpu holds the same values on the CPU). readout 'scale' or 'q_l2norm'
-    (o = S^T q / |q|, no scale); fp32_math 'accurate' / 'fast' (fp32 inputs); path / value_slice
-    pin the kernel path (kla.plan shows what 'auto' picks).
+    (o = S^T q / |q|, no scale); arithmetic 'accurate' (default) or 'fast', the FAST contract:
+    an output error no larger than FLA's (bf16 / fp16 on the wy_transposed path round the state
+    once to the dtype, ~10% faster; fp32 runs the WY path, ~3x faster; other paths run
+    'accurate'; kla.plan(...).arithmetic says which runs); path / value_slice pin the kernel path
+    (kla.plan shows what 'auto' picks).
     """
     eta_value = 1.0
     if eta is not None and not isinstance(eta, torch.Tensor):
         eta_value, eta = float(eta), None
     return _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
                   cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
-                  P.COEFF_KACZMARZ, _enum(P.READOUTS, readout, "readout"), fp32_math, path,
+                  P.COEFF_KACZMARZ, _enum(P.READOUTS, readout, "readout"), arithmetic, path,
                   value_slice)
 
 
@@ -333,13 +336,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, use_qk_l2norm_in_kernel=False,
                            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                            state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
-                           chunk_indices=None, cp_context=None, *, fp32_math="accurate",
+                           chunk_indices=None, cp_context=None, *, arithmetic="accurate",
                            path="auto", value_slice=0, **kwargs):
     """FLA 0.6's chunk_gated_delta_rule (plain GDN, beta given) on kla_chunk_forward.
 
     Same arguments and returns as FLA's; chunk_indices and chunk_size are accepted and ignored.
     use_gate_in_kernel / A_log / dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval and
-    cp_context raise NotImplementedError naming the argument. kla extras: fp32_math, path,
+    cp_context raise NotImplementedError naming the argument. kla extras: arithmetic, path,
     value_slice (as chunk_kla).
     """
     state_v_first = _state_v_first_alias(kwargs, state_v_first)
@@ -349,7 +352,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         raise ValueError("kla: chunk_gated_delta_rule needs beta ([B, T, HV])")
     return _chunk(q, k, v, g, beta, 1.0, 0.0, scale, initial_state, output_final_state,
                   cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
-                  P.COEFF_GIVEN, P.READOUT_SCALE, fp32_math, path, value_slice)
+                  P.COEFF_GIVEN, P.READOUT_SCALE, arithmetic, path, value_slice)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,

@@ -64,7 +64,7 @@ class Segment:
     """One rank's shard and the call's settings: what a segment's forward and backward need."""
 
     def __init__(self, q, k, v, g, eta, eps, scale, readout, use_qk_l2norm_in_kernel,
-                 coefficient, fp32_math="accurate", impl="kernels"):
+                 coefficient, arithmetic="accurate", impl="kernels"):
         if impl not in ("kernels", "torch"):
             raise ValueError(f"kla.cp: impl must be 'kernels' or 'torch', got {impl!r}")
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -78,7 +78,7 @@ class Segment:
         self.q, self.k, self.v, self.g, self.eta = q, k, v, g, eta
         self.eps, self.scale, self.readout = eps, scale, readout
         self.qk_norm, self.coefficient = use_qk_l2norm_in_kernel, coefficient
-        self.fp32_math, self.impl = fp32_math, impl
+        self.arithmetic, self.impl = arithmetic, impl
         self.cu = self.cu_device = None
 
     def set_seqlens(self, cu):
@@ -107,7 +107,7 @@ class Segment:
         """(o, final_state) of this segment's tokens from state h0 (None: zero)."""
         if self.impl == "kernels":
             from . import api as fn
-            extra = dict(fp32_math=self.fp32_math)
+            extra = dict(arithmetic=self.arithmetic)
             if self.cu is not None:
                 extra.update(cu_seqlens=self.cu_device, cu_seqlens_cpu=self.cu)
         else:
@@ -420,7 +420,7 @@ def _check_ranks_agree(seg, h0, cu, group, error, state_v_first=False):
 
 
 def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-        group, readout, coefficient, fp32_math, impl, cu_seqlens, state_v_first=False):
+        group, readout, coefficient, arithmetic, impl, cu_seqlens, state_v_first=False):
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("kla.cp: torch.distributed is not initialised (init_process_group "
@@ -430,7 +430,7 @@ def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l
     seg, h0, cu, error = None, None, None, None
     try:
         seg = Segment(q, k, v, g, eta, eps, scale, readout, use_qk_l2norm_in_kernel, coefficient,
-                      fp32_math, impl)
+                      arithmetic, impl)
         cu = _global_seqlens(q, cu_seqlens)
         N = q.shape[0] if cu is None else cu.numel() - 1
         HV, K, V = v.shape[2], q.shape[3], v.shape[3]
@@ -455,23 +455,23 @@ def _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state, use_qk_l
 
 def chunk_kla_cp(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
                  output_final_state=False, use_qk_l2norm_in_kernel=False, *, group=None,
-                 readout="scale", fp32_math="accurate", impl="kernels", cu_seqlens=None,
+                 readout="scale", arithmetic="accurate", impl="kernels", cu_seqlens=None,
                  state_v_first=False):
     """kla.chunk_kla over a sequence sharded along time across `group` (module docstring).
     Returns (o of this rank's shard, the whole sequences' final state or None)."""
     return _cp(q, k, v, g, eta, eps, scale, initial_state, output_final_state,
-               use_qk_l2norm_in_kernel, group, readout, P.COEFF_KACZMARZ, fp32_math, impl,
+               use_qk_l2norm_in_kernel, group, readout, P.COEFF_KACZMARZ, arithmetic, impl,
                cu_seqlens, state_v_first)
 
 
 def chunk_gated_delta_rule_cp(q, k, v, g, beta, scale=None, initial_state=None,
                               output_final_state=False, use_qk_l2norm_in_kernel=False, *,
-                              group=None, fp32_math="accurate", impl="kernels", cu_seqlens=None,
+                              group=None, arithmetic="accurate", impl="kernels", cu_seqlens=None,
                               state_v_first=False):
     """kla.chunk_gated_delta_rule (beta given) over a sequence sharded along time across
     `group`. Returns (o of this rank's shard, the whole sequences' final state or None)."""
     if beta is None:
         raise ValueError("kla.cp: chunk_gated_delta_rule_cp needs beta ([B, T, HV])")
     return _cp(q, k, v, g, beta, 0.0, scale, initial_state, output_final_state,
-               use_qk_l2norm_in_kernel, group, "scale", P.COEFF_GIVEN, fp32_math, impl,
+               use_qk_l2norm_in_kernel, group, "scale", P.COEFF_GIVEN, arithmetic, impl,
                cu_seqlens, state_v_first)

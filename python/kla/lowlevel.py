@@ -13,7 +13,7 @@ import ctypes
 from . import _lib
 from ._lib import KlaError, KlaLibraryError  # noqa: F401
 from ._params import (ABI_VERSION, COEFF_GIVEN, COEFF_KACZMARZ, DTYPE_BF16,  # noqa: F401
-                      DTYPE_FP16, DTYPE_FP32, FP32_MATH_ACCURATE, FP32_MATH_FAST, PATH_AUTO,
+                      DTYPE_FP16, DTYPE_FP32, ARITHMETIC_ACCURATE, ARITHMETIC_FAST, PATH_AUTO,
                       PATH_GENERIC, PATH_TF32, PATH_TOKENWISE, PATH_WY, PATH_WY_TRANSPOSED,
                       READOUT_Q_L2NORM, READOUT_SCALE, KlaDeviceInfo, KlaParams, KlaPlan,
                       as_dict, dtype_code, fill)
@@ -41,7 +41,9 @@ class KlaLibrary:
     def plan_chunk_forward(self, p):
         plan = self._lib.plan_chunk(p)
         return {"path": plan.path_name.decode(), "value_slice": plan.value_slice,
-                "stages": plan.stages, "blocks": plan.blocks, "reason": plan.reason.decode()}
+                "stages": plan.stages, "blocks": plan.blocks,
+                "arithmetic": "fast" if plan.arithmetic == ARITHMETIC_FAST else "accurate",
+                "reason": plan.reason.decode()}
 
     def chunk_forward(self, p, stream=0):
         self._lib.check(self._lib.chunk_forward(ctypes.byref(p), stream))
@@ -52,9 +54,9 @@ class KlaLibrary:
 
 def make_params(lib, q, k, v, o, g=None, eta=None, eps=0.0, scale=0.0, initial_state=None,
                 final_state=None, coefficient=COEFF_KACZMARZ, workspace=None,
-                fp32_math=FP32_MATH_ACCURATE, **kw):
+                arithmetic=ARITHMETIC_ACCURATE, **kw):
     """kla_params for torch tensors (more fields in **kw as _params.fill takes them). Keeps no
     reference to the tensors: the caller must."""
     return fill(lib.params(), q, k, v, o, g=g, eta=eta, eps=eps, scale=scale,
                 initial_state=initial_state, final_state=final_state, coefficient=coefficient,
-                workspace=workspace, fp32_math=fp32_math, **kw)
+                workspace=workspace, arithmetic=arithmetic, **kw)

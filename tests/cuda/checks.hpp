@@ -74,10 +74,10 @@ inline Comparison compare(const Outputs& got, const Outputs& ref, const Data& d,
   Comparison c;
   const Config& cfg = d.cfg;
   const kla_dtype dt = cfg.dtype;
-  const PathArithmetic a = path_arithmetic(got.ran, dt, cfg.fp32_math, cfg.K);
+  const PathArithmetic a = path_arithmetic(got.ran, dt, cfg.K);
   double sigma = model_sigma(a, cfg.longest(), cfg.has_g ? cfg.decay_max : 0.0);
   if (pair) {  // the other result's own arithmetic (the same model, its path)
-    const PathArithmetic b = path_arithmetic(ref.ran, dt, cfg.fp32_math, cfg.K);
+    const PathArithmetic b = path_arithmetic(ref.ran, dt, cfg.K);
     sigma += model_sigma(b, cfg.longest(), cfg.has_g ? cfg.decay_max : 0.0);
   }
   c.sigma = sigma;

@@ -72,7 +72,7 @@ struct Config {
   float scale = 0.0f;  // 0: resolved to 1/sqrt(K) here, the same float the library uses
   kla_coefficient coefficient = KLA_COEFF_KACZMARZ;
   kla_readout readout = KLA_READOUT_SCALE;
-  kla_fp32_math fp32_math = KLA_FP32_MATH_ACCURATE;  // fp32 chunkwise arithmetic
+  kla_arithmetic arithmetic = KLA_ARITHMETIC_ACCURATE;  // the chunkwise entry's contract
   bool has_g = true, has_eta = true, has_init = true, want_final = true;
   int pad_qk = 0, pad_v = 0, pad_o = 0;  // extra head-stride elements (multiples of 8)
   // Generation ranges.
@@ -103,8 +103,7 @@ struct Config {
         (coefficient == KLA_COEFF_GIVEN ? " given-beta" : "") +
         (readout == KLA_READOUT_Q_L2NORM ? " q-l2" : "") +
         (readout == KLA_READOUT_QK_L2NORM ? " qk-l2" : "") +
-        (dtype == KLA_DTYPE_FP32 && fp32_math == KLA_FP32_MATH_FAST ? " fp32-fast" : "") +
-        " seed=" + std::to_string(seed);
+        (arithmetic == KLA_ARITHMETIC_FAST ? " fast" : "") + " seed=" + std::to_string(seed);
     if (!cu_seqlens.empty()) {
       s += " cu=[";
       for (auto c : cu_seqlens) s += std::to_string(c) + ",";
@@ -245,7 +244,7 @@ struct DeviceProblem {
     p.scale = c.resolved_scale();
     p.coefficient = c.coefficient;
     p.readout = c.readout;
-    p.fp32_math = c.fp32_math;
+    p.arithmetic = c.arithmetic;
     p.initial_state = s0;
     p.final_state = c.want_final ? sf : nullptr;
     if (cu) {
@@ -303,7 +302,8 @@ inline kla_status call(Entry e, const kla_params& p, cudaStream_t s = nullptr) {
   }
   kla_plan plan{};
   const kla_status st = chunk_forward_pinned(p, s, &plan);
-  if (st == KLA_SUCCESS) last_ran() = Ran{plan.path, plan.value_slice, plan.chunk_len};
+  if (st == KLA_SUCCESS)
+    last_ran() = Ran{plan.path, plan.value_slice, plan.chunk_len, plan.arithmetic};
   return st;
 }
 

@@ -2,11 +2,11 @@
 // state against the MPFR reference (133 bits, tokenwise recurrence) on the same rounded inputs,
 // T = 2048, K = V = 128, key norms spread log-uniformly over [1e-3, 1e1] inside every chunk,
 // decays alpha in [e^-0.1, 1], eta in [0.5, 1], eps in {0, 1e-6, 1e-3}, two value heads.
-// Targets: bf16 <= 2e-3, fp16 <= 3e-4, fp32 <= 1e-5 (outputs and state), the last for both fp32
-// arithmetics of the chunkwise entry (kla_fp32_math; "fp32 fast" rows). Every row must also meet
-// its path's derived tolerances (tolerance.hpp; the "tol" columns, "path" the plan that ran), and
-// the rows with "g <= 5" repeat eps = 1e-6 under strong decay (per-token log decays in [-5, 0]).
-// With KLA_ACCURACY_OUT=path the table is also written there (markdown).
+// Targets: bf16 <= 2e-3, fp16 <= 3e-4, fp32 <= 1e-5 (outputs and state); the "fast" rows run the
+// same inputs under arithmetic FAST (kla_arithmetic), targets in target() below. Every row must
+// also meet its path's derived tolerances (tolerance.hpp; the "tol" columns, "path" the plan that
+// ran), and the rows with "g <= 5" repeat eps = 1e-6 under strong decay (per-token log decays in
+// [-5, 0]). With KLA_ACCURACY_OUT=path the table is also written there (markdown).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -19,8 +19,14 @@
 namespace kla::test {
 namespace {
 
-double target(kla_dtype d) {
-  return d == KLA_DTYPE_BF16 ? 2e-3 : d == KLA_DTYPE_FP16 ? 3e-4 : 1e-5;
+/// ACCURATE: issue 3's targets. FAST (issue 26): bf16 / fp16 no worse than flash-linear-
+/// attention's error in the side-by-side (4.0e-3, 5.1e-4; tests/python/test_gpu.py compares with
+/// FLA itself on the same inputs where it is installed); fp32 FAST keeps 1e-5.
+double target(kla_dtype d, kla_arithmetic a) {
+  const bool fast = a == KLA_ARITHMETIC_FAST;
+  return d == KLA_DTYPE_BF16   ? (fast ? 4.0e-3 : 2e-3)
+         : d == KLA_DTYPE_FP16 ? (fast ? 5.1e-4 : 3e-4)
+                               : 1e-5;
 }
 
 TEST(CudaAccuracy, RelativeRmsAtT2048D128) {
@@ -57,23 +63,25 @@ TEST(CudaAccuracy, RelativeRmsAtT2048D128) {
     const Comparison cmp = compare(got, refs[i], d);
     char line[320];
     std::snprintf(line, sizeof line,
-                  "| %s | %g | g <= %g | %s | %s | %.3e | %.3e | %.3e | %.3e | %.0e |\n", dtn,
-                  double(cfgs[i].eps), cfgs[i].decay_max, entry, kla_path_name(got.ran.path), ro,
-                  cmp.tol_o, rs, cmp.tol_state, target(cfgs[i].dtype));
+                  "| %s | %g | g <= %g | %s | %s%s | %.3e | %.3e | %.3e | %.3e | %.2g |\n", dtn,
+                  double(cfgs[i].eps), cfgs[i].decay_max, entry, kla_path_name(got.ran.path),
+                  got.ran.arithmetic == KLA_ARITHMETIC_FAST ? " (FAST)" : "", ro, cmp.tol_o, rs,
+                  cmp.tol_state, target(cfgs[i].dtype, d.cfg.arithmetic));
     table << line;
-    EXPECT_LE(ro, target(cfgs[i].dtype)) << line;
-    EXPECT_LE(rs, target(cfgs[i].dtype)) << line;
+    EXPECT_LE(ro, target(cfgs[i].dtype, d.cfg.arithmetic)) << line;
+    EXPECT_LE(rs, target(cfgs[i].dtype, d.cfg.arithmetic)) << line;
     EXPECT_TRUE(cmp.ok) << cmp.report;
   };
   for (std::size_t i = 0; i < cfgs.size(); ++i) {
     DeviceProblem dp(data[i]);
     for (Entry e : {Entry::chunk, Entry::tokenwise})
       row(dtype_name(cfgs[i].dtype), i, entry_name(e), run_device(dp, e), data[i]);
-    if (cfgs[i].dtype == KLA_DTYPE_FP32) {  // the same inputs, fp32_math FAST
+    {  // the same inputs, arithmetic FAST
       Data fast = data[i];
-      fast.cfg.fp32_math = KLA_FP32_MATH_FAST;
+      fast.cfg.arithmetic = KLA_ARITHMETIC_FAST;
       DeviceProblem fp(fast);
-      row("fp32 fast", i, "chunk", run_device(fp, Entry::chunk), fast);
+      const std::string name = std::string(dtype_name(cfgs[i].dtype)) + " fast";
+      row(name.c_str(), i, "chunk", run_device(fp, Entry::chunk), fast);
     }
   }
   std::printf("%s", table.str().c_str());

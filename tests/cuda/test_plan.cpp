@@ -85,7 +85,7 @@ struct Call {
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
 
-  /// (Re)sizes the workspace for the current sizes, dtype and fp32_math.
+  /// (Re)sizes the workspace for the current sizes, dtype and arithmetic.
   Call& with_workspace() {
     p.workspace = fake(0x1000000);
     p.workspace_size = kla_workspace_size(&p);
@@ -96,7 +96,7 @@ struct Call {
     return *this;
   }
   Call& fast() {
-    p.fp32_math = KLA_FP32_MATH_FAST;
+    p.arithmetic = KLA_ARITHMETIC_FAST;
     return with_workspace();  // FAST adds the K / Q images to the workspace
   }
   Call& request(kla_path path, int vs = 0) {
@@ -133,7 +133,7 @@ std::string describe(const kla_device_info& d) {
 
 std::string describe(const kla_params& p) {
   std::ostringstream os;
-  os << kla::test::dtype_name(p.dtype) << (p.fp32_math == KLA_FP32_MATH_FAST ? " FAST" : "")
+  os << kla::test::dtype_name(p.dtype) << (p.arithmetic == KLA_ARITHMETIC_FAST ? " FAST" : "")
      << " B " << p.batch << " T " << p.seq_len << " H " << p.num_heads << " HV " << p.num_v_heads
      << " K " << p.head_dim_k << " V " << p.head_dim_v;
   if (p.cu_seqlens_host) {
@@ -175,6 +175,16 @@ void expect_consistent(const kla_params& p, const kla_device_info& d, const kla_
   EXPECT_GE(c.stages, 1);
   EXPECT_GT(c.threads, 0);
   EXPECT_EQ(c.threads % 32, 0);
+  // FAST runs where it was asked for and the path has it: fp32 on WY (its only arithmetic
+  // there), bf16 / fp16 on WY_TRANSPOSED; everything else ACCURATE, which meets its contract.
+  const bool fast_kernel =
+      p.dtype == KLA_DTYPE_FP32 ? c.path == KLA_PATH_WY : c.path == KLA_PATH_WY_TRANSPOSED;
+  EXPECT_EQ(c.arithmetic, p.arithmetic == KLA_ARITHMETIC_FAST && fast_kernel
+                              ? KLA_ARITHMETIC_FAST
+                              : KLA_ARITHMETIC_ACCURATE);
+  EXPECT_EQ(Contains(c.reason, "arithmetic ACCURATE: the ") == ::testing::AssertionSuccess(),
+            p.arithmetic == KLA_ARITHMETIC_FAST && !fast_kernel)
+      << c.reason;
   if (c.path == KLA_PATH_GENERIC) {
     EXPECT_TRUE(c.chunk_len == 32 || c.chunk_len == 64) << c.chunk_len;
     EXPECT_TRUE(c.value_slice == 16 || c.value_slice == 32) << c.value_slice;
@@ -201,7 +211,7 @@ void expect_consistent(const kla_params& p, const kla_device_info& d, const kla_
     EXPECT_EQ(d.compute_minor, 0);
     EXPECT_NE(d.tensor_maps, 0);
     EXPECT_TRUE(K == 64 || K == 96 || K == 128) << K;
-    EXPECT_FALSE(p.dtype == KLA_DTYPE_FP32 && p.fp32_math == KLA_FP32_MATH_ACCURATE);
+    EXPECT_FALSE(p.dtype == KLA_DTYPE_FP32 && p.arithmetic == KLA_ARITHMETIC_ACCURATE);
     if (c.path == KLA_PATH_WY_TRANSPOSED) {
       EXPECT_NE(p.dtype, KLA_DTYPE_FP32);
       EXPECT_EQ(c.value_slice, 64);
@@ -346,6 +356,65 @@ TEST(PlanBenchmarkShapes, Bf16OnH200) {
   }
 }
 
+// Arithmetic FAST for bf16 / fp16 (issue 26): the transposed scan has it, so the shapes that
+// plan wy_transposed run FAST; the [token][column] scan has none, so a shape that plans wy runs
+// ACCURATE and the reason says so. The choice of path does not change (the heuristics are the
+// ACCURATE ones).
+TEST(PlanArithmetic, FastWhereThePathHasIt) {
+  for (kla_dtype dt : {KLA_DTYPE_BF16, KLA_DTYPE_FP16}) {
+    SCOPED_TRACE(kla::test::dtype_name(dt));
+    {
+      Call c(shape(dt, 4, 8192, 16));
+      c.fast();
+      const Outcome o = plan_for(c.p, kH200);
+      EXPECT_PLAN(o, KLA_PATH_WY_TRANSPOSED, 64);
+      EXPECT_EQ(o.plan.arithmetic, KLA_ARITHMETIC_FAST);
+      EXPECT_TRUE(Contains(o.reason, " (FAST), K = 128"));
+      EXPECT_FALSE(Contains(o.reason, "arithmetic ACCURATE"));
+      Call a(shape(dt, 4, 8192, 16));  // the same call under ACCURATE
+      const Outcome oa = plan_for(a.p, kH200);
+      EXPECT_PLAN(oa, KLA_PATH_WY_TRANSPOSED, 64);
+      EXPECT_EQ(oa.plan.arithmetic, KLA_ARITHMETIC_ACCURATE);
+      EXPECT_EQ(oa.plan.workspace_bytes, o.plan.workspace_bytes);
+    }
+    {
+      Call c(shape(dt, 1, 32768, 16));
+      c.fast();
+      const Outcome o = plan_for(c.p, kH200);
+      EXPECT_PLAN(o, KLA_PATH_WY, 16);
+      EXPECT_EQ(o.plan.arithmetic, KLA_ARITHMETIC_ACCURATE);
+      EXPECT_TRUE(
+          Contains(o.reason, std::string("arithmetic ACCURATE: the wy path has no FAST arithmetic "
+                                         "for ") +
+                                 kla::test::dtype_name(dt) + " (wy_transposed has)"));
+    }
+    {  // requested: the transposed scan at a shape AUTO would give the wy path
+      Call c(shape(dt, 1, 32768, 16));
+      c.fast().request(KLA_PATH_WY_TRANSPOSED);
+      const Outcome o = plan_for(c.p, kH200);
+      EXPECT_PLAN(o, KLA_PATH_WY_TRANSPOSED, 64);
+      EXPECT_EQ(o.plan.arithmetic, KLA_ARITHMETIC_FAST);
+    }
+    {  // no sm_90a (an A100): the TF32 path, ACCURATE
+      Call c(shape(dt, 4, 8192, 16));
+      c.fast();
+      const Outcome o = plan_for(c.p, kA100);
+      EXPECT_PLAN(o, KLA_PATH_TF32, o.plan.value_slice);
+      EXPECT_EQ(o.plan.arithmetic, KLA_ARITHMETIC_ACCURATE);
+      EXPECT_TRUE(Contains(o.reason, "arithmetic ACCURATE: the tf32 path has no FAST arithmetic"));
+    }
+  }
+  {  // fp32: FAST is the WY path's only arithmetic
+    Call c(shape(KLA_DTYPE_FP32, 4, 8192, 16));
+    c.fast();
+    const Outcome o = plan_for(c.p, kH200);
+    EXPECT_EQ(o.plan.path, KLA_PATH_WY);
+    EXPECT_EQ(o.plan.arithmetic, KLA_ARITHMETIC_FAST);
+    Call a(shape(KLA_DTYPE_FP32, 4, 8192, 16));
+    EXPECT_EQ(plan_for(a.p, kH200).plan.arithmetic, KLA_ARITHMETIC_ACCURATE);
+  }
+}
+
 // fp16: the scan reads the prep's K / Q images (bf16 hi + lo, twice the tile bytes), the
 // first read-out warp produces (12 warps), and the workspace holds the images.
 //   VS = 16: 2 x (22528 + 2 x 32768 + 2048) + 16384 + 4096 + 6144 + 16 = 206864;
@@ -412,7 +481,7 @@ TEST(PlanBenchmarkShapes, Fp32OnH200) {
     EXPECT_EQ(o.plan.prep_blocks, 512 * 16);
     EXPECT_EQ(o.plan.workspace_bytes, std::size_t(512 * 16 * kRecord));
     EXPECT_TRUE(Contains(o.reason, "tf32, 16-column slices, 1 copy stage: fp32, K = 128"));
-    EXPECT_TRUE(Contains(o.reason, "not wy: fp32 with fp32_math ACCURATE"));
+    EXPECT_TRUE(Contains(o.reason, "not wy: fp32 with arithmetic ACCURATE"));
   }
   {  // FAST: the WY path on fp32 images. VS = 16: stage 22528 + 65536 + 64 x 16 x 4 = 92160,
      // 2 x 92160 + 16384 + 4096 + 6144 + 16 = 210960 B; VS = 8 would have 196624 but
@@ -1224,7 +1293,7 @@ struct Gen {
 };
 
 /// A random valid call: dtype, sizes (sometimes packed with empty sequences, sometimes grouped
-/// value heads, rarely past the prep grid), workspace or not, fp32_math, a request or AUTO.
+/// value heads, rarely past the prep grid), workspace or not, arithmetic, a request or AUTO.
 std::unique_ptr<Call> random_call(Gen& g) {
   const kla_dtype dt = g.of({KLA_DTYPE_FP32, KLA_DTYPE_BF16, KLA_DTYPE_FP16});
   const bool past_prep_grid = g.chance(0.02);
@@ -1241,7 +1310,7 @@ std::unique_ptr<Call> random_call(Gen& g) {
     if (cu.back() == 0) cu.back() = g.between(1, 100);
   }
   auto c = std::make_unique<Call>(s, std::move(cu));
-  if (g.chance(0.5)) c->p.fp32_math = KLA_FP32_MATH_FAST;
+  if (g.chance(0.5)) c->p.arithmetic = KLA_ARITHMETIC_FAST;
   if (g.chance(0.15))
     c->without_workspace();
   else

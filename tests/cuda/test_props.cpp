@@ -40,10 +40,11 @@ Config gen_config() {
   c.dtype = wy   ? *rc::gen::element(KLA_DTYPE_BF16, KLA_DTYPE_FP16, KLA_DTYPE_FP32)
             : tr ? *rc::gen::element(KLA_DTYPE_BF16, KLA_DTYPE_FP16)
                  : *rc::gen::element(KLA_DTYPE_FP32, KLA_DTYPE_BF16, KLA_DTYPE_FP16);
-  // fp32: both chunkwise arithmetics (FAST runs the WY path on sm_90a).
-  if (c.dtype == KLA_DTYPE_FP32)
-    c.fp32_math =
-        wy ? KLA_FP32_MATH_FAST : *rc::gen::element(KLA_FP32_MATH_ACCURATE, KLA_FP32_MATH_FAST);
+  // Both arithmetic contracts (fp32 FAST runs the WY path on sm_90a, bf16 / fp16 FAST its own
+  // arithmetic on the transposed scan; other paths run ACCURATE under either).
+  c.arithmetic = wy && c.dtype == KLA_DTYPE_FP32
+                     ? KLA_ARITHMETIC_FAST
+                     : *rc::gen::element(KLA_ARITHMETIC_ACCURATE, KLA_ARITHMETIC_FAST);
   if (wy)
     c.K = pin.value_slice == 8 ? *rc::gen::element(96, 128) : *rc::gen::element(64, 96, 128);
   else if (tr)
@@ -144,7 +145,7 @@ void prop_thm1(Entry e) {
   d.q = d.k;
   DeviceProblem dp(d);
   const Outputs got = run_device(dp, e);
-  const PathArithmetic a = path_arithmetic(got.ran, c.dtype, c.fp32_math, c.K);
+  const PathArithmetic a = path_arithmetic(got.ran, c.dtype, c.K);
   const int group = c.HV / c.H;
   double worst = 0;
   for (int b = 0; b < c.B; ++b)
@@ -197,7 +198,7 @@ void prop_contraction(Entry e) {
   const Outputs got = run_device(dp, e);
   const double ud = unit_roundoff(c.dtype);
   const int group = c.HV / c.H;
-  const PathArithmetic a = path_arithmetic(got.ran, c.dtype, c.fp32_math, c.K);
+  const PathArithmetic a = path_arithmetic(got.ran, c.dtype, c.K);
   const double sigma = model_sigma(a, 1, 0.0);
   double worst = 0;
   for (int b = 0; b < c.B; ++b)

@@ -245,10 +245,10 @@ TEST(Validate, ScalarValues) {
   }
   {
     Fixture f;
-    EXPECT_EQ(f.p.fp32_math, KLA_FP32_MATH_ACCURATE);  // kla_params_init's default
-    f.p.fp32_math = static_cast<kla_fp32_math>(2);
-    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "fp32_math");
-    f.p.fp32_math = KLA_FP32_MATH_FAST;
+    EXPECT_EQ(f.p.arithmetic, KLA_ARITHMETIC_ACCURATE);  // kla_params_init's default
+    f.p.arithmetic = static_cast<kla_arithmetic>(2);
+    expect_rejected(f, KLA_ERROR_INVALID_VALUE, "arithmetic");
+    f.p.arithmetic = KLA_ARITHMETIC_FAST;
     EXPECT_EQ(kla_validate(&f.p), KLA_SUCCESS) << kla_last_error_message();
   }
 }
@@ -567,22 +567,22 @@ TEST(Validate, Workspace) {
   g.p.batch = 1, g.p.seq_len = 200, g.p.num_seqs = 2;
   g.p.cu_seqlens = cu, g.p.cu_seqlens_host = cu;
   EXPECT_EQ(kla_workspace_size(&g.p), std::size_t(200 / 64 + 2) * HV * per_chunk);
-  // fp16, and fp32 with fp32_math FAST, with K in {64, 96, 128} (the WY path's list) add, per
+  // fp16, and fp32 with arithmetic FAST, with K in {64, 96, 128} (the WY path's list) add, per
   // chunk and key head, the K and Q tiles split into bf16 hi + lo: ceil(K / 64) panels of 64
   // rows x 128 B, each as a hi and a lo panel. bf16 needs none (its raw tiles are exact
   // operands), nor does accurate fp32 (the TF32 path), nor other K.
   auto image = [](std::size_t k) { return (k + 63) / 64 * 2 * 64 * 128; };
   for (kla_dtype dt : {KLA_DTYPE_FP32, KLA_DTYPE_FP16, KLA_DTYPE_BF16})
-    for (kla_fp32_math m : {KLA_FP32_MATH_ACCURATE, KLA_FP32_MATH_FAST})
+    for (kla_arithmetic m : {KLA_ARITHMETIC_ACCURATE, KLA_ARITHMETIC_FAST})
       for (int kd : {32, 64, 96, 128, 256}) {
         Fixture w;
-        w.p.dtype = dt, w.p.fp32_math = m, w.p.head_dim_k = kd;
+        w.p.dtype = dt, w.p.arithmetic = m, w.p.head_dim_k = kd;
         const bool split =
-            dt == KLA_DTYPE_FP16 || (dt == KLA_DTYPE_FP32 && m == KLA_FP32_MATH_FAST);
+            dt == KLA_DTYPE_FP16 || (dt == KLA_DTYPE_FP32 && m == KLA_ARITHMETIC_FAST);
         const bool images = split && (kd == 64 || kd == 96 || kd == 128);
         EXPECT_EQ(kla_workspace_size(&w.p),
                   std::size_t(B) * (HV * per_chunk + (images ? 2 * H * image(kd) : 0)))
-            << "dtype " << int(dt) << " fp32_math " << int(m) << " K " << kd;
+            << "dtype " << int(dt) << " arithmetic " << int(m) << " K " << kd;
       }
   // Head dims not set: the size for the largest supported ones (256 x 256) plus the largest
   // images (K = 128) whatever the dtype, never less than what any head dims need, so a buffer
@@ -593,7 +593,7 @@ TEST(Validate, Workspace) {
   EXPECT_GE(kla_workspace_size(&u.p), need);
   // num_heads not set: num_v_heads stands in for it (at least as many key heads as needed).
   Fixture h;
-  h.p.head_dim_k = 128, h.p.num_heads = 0, h.p.fp32_math = KLA_FP32_MATH_FAST;
+  h.p.head_dim_k = 128, h.p.num_heads = 0, h.p.arithmetic = KLA_ARITHMETIC_FAST;
   EXPECT_EQ(kla_workspace_size(&h.p), std::size_t(B) * (HV * per_chunk + 2 * HV * image(128)));
 }
 

@@ -10,7 +10,7 @@
 // Model of a path's state error. The state is fp32 throughout. At each hand-off (every token on the
 // tokenwise kernel, every chunk of C tokens on the chunkwise paths) m products carry the state
 // forward (the decode: the decay, S^T k, the residual and the rank-1 update; a chunk: K S, the
-// chunk system's inverse, T R and K^T X; fp32_math FAST adds the rounded K and Q: m = 6). Each
+// chunk system's inverse, T R and K^T X; arithmetic FAST adds the rounded K and Q: m = 6). Each
 // takes rounded operands (RMS r_op, the path's split) and a sum of n terms (RMS r_acc): in fp32 FMA
 // (tokenwise, generic) a random walk, r_acc = u32 sqrt(n / 3) (the decode's S^T k enters the state
 // scaled by beta |k|^2 <= 1 and counts as one rounding, u32 / sqrt(3)); on the tensor cores, whose
@@ -55,6 +55,11 @@
 //   wy, wy_transposed         the state as bf16 hi + lo          2^-16 / 3;      u32 sqrt(n / 16)
 //     (fp16 inputs: fp16 K and Q are exact as bf16 hi + lo; the transposed fp16 scan holds the
 //      state in 22 bits but its products on the chunk records keep 16: r_op as above.)
+//   wy_transposed, arithmetic FAST (bf16 / fp16): the state in K S and Q S and the update X in
+//     K^T X rounded once to the dtype, u_d / sqrt(3) (u_d 2^-8, 2^-11; fp16 rows scaled by powers
+//     of two into range first), m = 3 (K S and K^T X carry it forward, Q S reads it out once); the
+//     chunk system's products keep 2^-16 / 3, far below.
+//   wy, arithmetic FAST (fp32): K and Q rounded to bf16 hi + lo as well, m = 6.
 #pragma once
 
 #include <algorithm>
@@ -68,15 +73,16 @@ namespace kla::test {
 
 constexpr double kU32 = 1.0 / 16777216.0;
 
-/// What one call ran: the plan's path (KLA_PATH_TOKENWISE for the decode entry), its value slice
-/// and the tokens a hand-off spans.
+/// What one call ran: the plan's path (KLA_PATH_TOKENWISE for the decode entry), its value slice,
+/// the tokens a hand-off spans and the arithmetic its kernels ran (kla_plan.arithmetic).
 struct Ran {
   kla_path path = KLA_PATH_AUTO;
   int32_t value_slice = 0;
   int32_t chunk = 64;
+  kla_arithmetic arithmetic = KLA_ARITHMETIC_ACCURATE;
 };
 
-/// The arithmetic of a path for a dtype and fp32 policy: RMS relative error of one rounded
+/// The arithmetic of the path a call ran, for its dtype: RMS relative error of one rounded
 /// operand, products per hand-off, tokens per hand-off, and the ledger's key.
 struct PathArithmetic {
   double r_op = 0, r_acc = 0;
@@ -86,14 +92,15 @@ struct PathArithmetic {
   std::string key;
 };
 
-inline PathArithmetic path_arithmetic(const Ran& ran, kla_dtype dt, kla_fp32_math fm, int K) {
+inline PathArithmetic path_arithmetic(const Ran& ran, kla_dtype dt, int K) {
   PathArithmetic a;
   const double u21 = std::ldexp(1.0, -21) / 3, u16 = std::ldexp(1.0, -16) / 3;
   const double fma = kU32 / std::sqrt(3.0);
-  const bool fast = dt == KLA_DTYPE_FP32 && fm == KLA_FP32_MATH_FAST;
-  const char* dn = dt == KLA_DTYPE_FP32   ? (fast ? "fp32-fast" : "fp32")
-                   : dt == KLA_DTYPE_BF16 ? "bf16"
-                                          : "fp16";
+  const bool fast = ran.arithmetic == KLA_ARITHMETIC_FAST;
+  const std::string dn = std::string(dt == KLA_DTYPE_FP32   ? "fp32"
+                                     : dt == KLA_DTYPE_BF16 ? "bf16"
+                                                            : "fp16") +
+                         (fast ? "-fast" : "");
   const auto steps = [&](int k) { return std::sqrt(std::ceil(std::max(K, a.C) / double(k))); };
   switch (ran.path) {
     case KLA_PATH_TOKENWISE: a.r_op = fma, a.r_acc = fma, a.C = 1, a.chunked = false; break;
@@ -105,7 +112,9 @@ inline PathArithmetic path_arithmetic(const Ran& ran, kla_dtype dt, kla_fp32_mat
     case KLA_PATH_WY:
     case KLA_PATH_WY_TRANSPOSED:
       a.r_op = u16, a.r_acc = kU32 * steps(16);
-      if (fast) a.m = 6;
+      if (fast && dt == KLA_DTYPE_FP32) a.m = 6;
+      if (fast && dt != KLA_DTYPE_FP32)  // the state and the update rounded once to the dtype
+        a.r_op = std::ldexp(1.0, dt == KLA_DTYPE_BF16 ? -8 : -11) / std::sqrt(3.0), a.m = 3;
       break;
     default:  // not recorded: the loosest chunkwise arithmetic
       a.r_op = u16, a.r_acc = kU32 * steps(8), a.m = 6;

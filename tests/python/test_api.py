@@ -111,8 +111,8 @@ def test_bad_gates_and_enums():
         kla.chunk_gated_delta_rule(Q, Q, V, G, t(1, 8, 3))
     with pytest.raises(TypeError, match="eta must be a floating-point"):
         kla.chunk_kla(Q, Q, V, eta=t(1, 8, 4, dtype=torch.int32))
-    with pytest.raises(ValueError, match="fp32_math must be one of"):
-        kla.chunk_kla(Q, Q, V, fp32_math="tf32")
+    with pytest.raises(ValueError, match="arithmetic must be one of"):
+        kla.chunk_kla(Q, Q, V, arithmetic="tf32")
     with pytest.raises(ValueError, match="path must be one of"):
         kla.chunk_kla(Q, Q, V, path="fastest")
     with pytest.raises(ValueError, match="path='tokenwise' is the decode kernel"):

@@ -79,7 +79,7 @@ def _op_args(q, k, v, g, eta, h):
     return {
         "chunk": (torch.ops.kla.chunk_fwd.default,
                   (q, k, v, g, eta, h, None, None, 0.125, 1e-6, 1.0, P.COEFF_KACZMARZ,
-                   P.READOUT_SCALE, True, P.FP32_MATH_ACCURATE, P.PATH_AUTO, 0)),
+                   P.READOUT_SCALE, True, P.ARITHMETIC_ACCURATE, P.PATH_AUTO, 0)),
         "recurrent": (torch.ops.kla.recurrent_fwd.default,
                       (q, k, v, g, eta, h, None, None, 0.125, 1e-6, 1.0, P.COEFF_GIVEN,
                        P.READOUT_SCALE, True)),

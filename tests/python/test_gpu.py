@@ -3,7 +3,7 @@ inputs (reference.py), against FLA where `fla` imports, varlen, pools, grouped v
 graphs, torch.compile and the autograd error. Skipped without a CUDA device.
 
 Tolerances, relative RMS of o against the float64 recurrence: bf16 2e-3, fp16 3e-4, fp32 1e-5
-(fp32_math 'fast' included, on these random inputs): the library's accuracy targets (SPEC §7,
+(arithmetic 'fast' included, on these random inputs): the library's accuracy targets (SPEC §7,
 docs/accuracy.md measures 1.66e-3, 2.08e-4, 4.8e-7 and 5.3e-6). For bf16 / fp16 they are the
 final rounding of o to the dtype (about 0.4 ulp) plus little else, so they hold on any inputs
 whose outputs are not cancelling sums; the fp32 states are held to 1e-5 whatever the dtype.
@@ -21,6 +21,10 @@ import kla  # noqa: E402
 from reference import gradients, recurrence, rel_rms  # noqa: E402
 
 TOL = {torch.bfloat16: 2e-3, torch.float16: 3e-4, torch.float32: 1e-5}
+# arithmetic 'fast' on bf16 / fp16 (the state rounded once to the dtype on the wy_transposed
+# path): FLA's error in the side-by-side (issue 26's FAST contract; test_fast_contract_against_fla
+# compares with FLA itself on the same inputs).
+FAST_TOL = {torch.bfloat16: 4.0e-3, torch.float16: 5.1e-4, torch.float32: 1e-5}
 STATE_TOL = 1e-5
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 DEV = "cuda"
@@ -74,8 +78,8 @@ def test_chunk_kla_fp32_fast_and_paths(dtype):
     B, T, H, HV, K, V = 1, 200, 2, 2, 128, 128
     q, k, v, g, eta = inputs(B, T, H, HV, K, V, dtype, seed=3)
     ro, _ = recurrence(q, k, v, g, eta, eps=1e-6)
-    auto = kla.plan(q, k, v, g, eta, fp32_math="fast")
-    o, _ = kla.chunk_kla(q, k, v, g, eta, fp32_math="fast")
+    auto = kla.plan(q, k, v, g, eta, arithmetic="fast")
+    o, _ = kla.chunk_kla(q, k, v, g, eta, arithmetic="fast")
     check(o, ro, dtype)
     for path in ("tf32", "generic"):
         o, _ = kla.chunk_kla(q, k, v, g, eta, path=path)
@@ -86,7 +90,13 @@ def test_chunk_kla_fp32_fast_and_paths(dtype):
         with pytest.raises(kla.KlaError) as e:
             kla.chunk_kla(q, k, v, g, eta, path="wy")
         assert e.value.status_name == "KLA_ERROR_UNSUPPORTED_PATH"
-        assert "fp32_math" in e.value.message
+        assert "arithmetic" in e.value.message
+    elif torch.cuda.get_device_capability() == (9, 0):  # bf16 / fp16 FAST: the transposed scan
+        fast = kla.plan(q, k, v, g, eta, arithmetic="fast", path="wy_transposed")
+        assert fast.arithmetic == "fast", fast
+        assert kla.plan(q, k, v, g, eta, path="wy_transposed").arithmetic == "accurate"
+        o, _ = kla.chunk_kla(q, k, v, g, eta, arithmetic="fast", path="wy_transposed")
+        check(o, ro, dtype, tol=FAST_TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -498,6 +508,40 @@ def test_against_fla(dtype):
         assert kerr <= TOL[dtype]
         assert kerr <= ferr + TOL[dtype]
         assert rel_rms(ko, fo) <= ferr + 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gdn", [False, True])
+def test_fast_contract_against_fla(dtype, gdn):
+    """Issue 26's FAST contract on the same inputs: kla's 'fast' arithmetic (the transposed scan,
+    the state rounded once to the dtype) no further from the float64 recurrence than FLA's chunk
+    kernel, on the KLA coefficient (FLA given beta = eta / (|k|^2 + eps) in fp32) and on GDN's
+    given beta with l2-normalised keys; never NaN."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FAST arithmetic of bf16 / fp16 is the sm_90a transposed scan's")
+    fla_chunk, _ = _fla()
+    B, T, H, HV, K, V = 2, 1024, 2, 4, 128, 128
+    q, k, v, g, eta = inputs(B, T, H, HV, K, V, dtype, seed=95 + int(gdn), gdn=gdn)
+    h0 = state0(B, HV, K, V)
+    kw = dict(initial_state=h0, output_final_state=True)
+    if gdn:
+        ref, _ = recurrence(q, k, v, g, eta, initial_state=h0, coefficient="given")
+        fo, _ = fla_chunk(q, k, v, g, eta, **kw)
+        ko, _ = kla.chunk_gated_delta_rule(q, k, v, g, eta, arithmetic="fast",
+                                           path="wy_transposed", **kw)
+    else:
+        ref, _ = recurrence(q, k, v, g, eta, eps=1e-6, initial_state=h0)
+        beta = eta / (k.float().square().sum(-1).repeat_interleave(HV // H, dim=2) + 1e-6)
+        fo, _ = fla_chunk(q, k, v, g, beta, **kw)
+        ko, _ = kla.chunk_kla(q, k, v, g, eta, eps=1e-6, arithmetic="fast", path="wy_transposed",
+                              **kw)
+    ferr, kerr = rel_rms(fo, ref), rel_rms(ko, ref)
+    acc, _ = (kla.chunk_gated_delta_rule(q, k, v, g, eta, path="wy_transposed", **kw) if gdn else
+              kla.chunk_kla(q, k, v, g, eta, eps=1e-6, path="wy_transposed", **kw))
+    print(f"FAST {dtype} gdn={gdn}: kla fast {kerr:.3e}, kla accurate {rel_rms(acc, ref):.3e}, "
+          f"FLA {ferr:.3e}")
+    assert torch.isfinite(ko).all()
+    assert kerr <= ferr, f"FAST {kerr:.3e} > FLA {ferr:.3e}"
 
 
 def test_eager_fast_path_equals_the_op(monkeypatch):

@@ -18,7 +18,7 @@ def test_chunk_kla_params(launched):
     g, eta = -torch.rand(2, 10, 4), torch.rand(2, 10, 4)
     h0 = torch.randn(2, 4, 64, 128)
     o, ht = kla.chunk_kla(q, k, v, g, eta, eps=1e-5, scale=0.5, initial_state=h0,
-                          output_final_state=True, fp32_math="fast", path="tf32",
+                          output_final_state=True, arithmetic="fast", path="tf32",
                           value_slice=16)
     name, p = launched.calls[-1]
     assert name == "kla_chunk_forward"
@@ -33,7 +33,7 @@ def test_chunk_kla_params(launched):
     assert p["eps"] == pytest.approx(1e-5) and p["scale"] == 0.5 and p["eta_value"] == 1.0
     assert (p["coefficient"], p["readout"]) == (P.COEFF_KACZMARZ, P.READOUT_SCALE)
     assert p["initial_state"] == h0.data_ptr() and p["final_state"] == ht.data_ptr()
-    assert (p["fp32_math"], p["path"], p["value_slice"]) == (P.FP32_MATH_FAST, P.PATH_TF32, 16)
+    assert (p["arithmetic"], p["path"], p["value_slice"]) == (P.ARITHMETIC_FAST, P.PATH_TF32, 16)
     assert p["workspace"] and p["workspace_size"] >= launched.plan.workspace_bytes > 0
     assert launched.plan.path_name == b"tf32" and launched.plan.value_slice == 16
     assert (p["state_pool"], p["cu_seqlens"], p["num_seqs"]) == (None, None, 0)
@@ -47,7 +47,7 @@ def test_defaults_and_auto_plan(launched):
     assert ht is None and p["final_state"] is None and p["initial_state"] is None
     assert (p["g"], p["eta"], p["eta_value"]) == (None, None, 1.0)
     assert p["eps"] == pytest.approx(1e-6) and p["scale"] == pytest.approx(64 ** -0.5)
-    assert (p["fp32_math"], p["path"], p["value_slice"]) == (P.FP32_MATH_ACCURATE,
+    assert (p["arithmetic"], p["path"], p["value_slice"]) == (P.ARITHMETIC_ACCURATE,
                                                              P.PATH_AUTO, 0)
     assert launched.plan.path_name in (b"wy", b"wy_transposed")  # bf16, K = 64 on an H100
     kla.chunk_kla(q, k, v, eta=0.5)
@@ -189,10 +189,22 @@ def test_plan_for_a_described_device(lib):
     p = kla.plan(q, q, v, device=kla.H200)
     assert p.path == "wy" and p.chunk_len == 64 and p.workspace_bytes > 0 and "wy" in p.reason
     p32 = kla.plan(q.float(), q.float(), v.float(), device=kla.H200)
-    assert p32.path == "tf32" and "fp32_math" in p32.reason
+    assert p32.path == "tf32" and "arithmetic" in p32.reason
     assert kla.plan(q.float(), q.float(), v.float(), device=kla.H200,
-                    fp32_math="fast").path == "wy"
+                    arithmetic="fast").path == "wy"
     assert kla.plan(q, q, v, device=kla.A100).path == "tf32"
+    # arithmetic 'fast' (issue 26): what runs is in the plan. bf16 at 1 x 32768 x 16 plans the wy
+    # path, which has no FAST arithmetic for bf16; 4 x 8192 plans the transposed scan, which has.
+    assert p.arithmetic == "accurate"
+    pf = kla.plan(q, q, v, device=kla.H200, arithmetic="fast")
+    assert pf.path == "wy" and pf.arithmetic == "accurate"
+    assert pf.reason.startswith("arithmetic ACCURATE: the wy path has no FAST arithmetic")
+    q4 = torch.empty(4, 8192, 16, 128, dtype=torch.bfloat16, device="meta")
+    p4 = kla.plan(q4, q4, q4, device=kla.H200, arithmetic="fast")
+    assert (p4.path, p4.arithmetic) == ("wy_transposed", "fast")
+    assert kla.plan(q4, q4, q4, device=kla.H200).arithmetic == "accurate"
+    assert kla.plan(q.float(), q.float(), v.float(), device=kla.H200,
+                    arithmetic="fast").arithmetic == "fast"
     with pytest.raises(kla.KlaError) as e:
         kla.plan(q, q, v, device=kla.A100, path="wy")
     assert e.value.status_name == "KLA_ERROR_UNSUPPORTED_PATH" and "sm_90a" in e.value.message
@@ -204,12 +216,12 @@ def test_lowlevel_is_what_the_bench_calls(lib):
     """kla.lowlevel keeps the names and signatures bench/side_by_side.py calls."""
     import kla.lowlevel as kc
     klib = kc.KlaLibrary()
-    assert klib.version == kla.__version__ and kc.ABI_VERSION == 4
+    assert klib.version == kla.__version__ and kc.ABI_VERSION == kla.ABI_VERSION == 5
     q, k, v = qkv(dtype=torch.float32)
     o, h = torch.empty_like(v), torch.empty(2, 4, 64, 128)
     g, eta = -torch.rand(2, 10, 4), torch.rand(2, 10, 4)
     p = kc.make_params(klib, q, k, v, o, g, eta, eps=1e-6, final_state=h,
-                       fp32_math=kc.FP32_MATH_FAST)
+                       arithmetic=kc.ARITHMETIC_FAST)
     klib.validate(p)
     ws = torch.empty(klib.workspace_size(p), dtype=torch.uint8)
     p = kc.make_params(klib, q, k, v, o, g, eta, eps=1e-6, final_state=h, workspace=ws,

@@ -146,7 +146,7 @@ void kla_params_init_abi(kla_params* p, uint32_t abi_version, uint32_t struct_si
   p->scale = 0.0f;
   p->coefficient = KLA_COEFF_KACZMARZ;
   p->readout = KLA_READOUT_SCALE;
-  p->fp32_math = KLA_FP32_MATH_ACCURATE;
+  p->arithmetic = KLA_ARITHMETIC_ACCURATE;
   p->path = KLA_PATH_AUTO;
   p->value_slice = 0;
 }
@@ -171,9 +171,9 @@ kla_status kla_validate(const kla_params* p) {
   if (readout != KLA_READOUT_SCALE && readout != KLA_READOUT_Q_L2NORM &&
       readout != KLA_READOUT_QK_L2NORM)
     return fail(KLA_ERROR_INVALID_VALUE, cat("readout = ", readout, " is unknown"));
-  const int fp32_math = enum_bits(p->fp32_math);
-  if (fp32_math != KLA_FP32_MATH_ACCURATE && fp32_math != KLA_FP32_MATH_FAST)
-    return fail(KLA_ERROR_INVALID_VALUE, cat("fp32_math = ", fp32_math, " is unknown"));
+  const int arithmetic = enum_bits(p->arithmetic);
+  if (arithmetic != KLA_ARITHMETIC_ACCURATE && arithmetic != KLA_ARITHMETIC_FAST)
+    return fail(KLA_ERROR_INVALID_VALUE, cat("arithmetic = ", arithmetic, " is unknown"));
   const int path = enum_bits(p->path);
   if (path < KLA_PATH_AUTO || path > KLA_PATH_TOKENWISE)
     return fail(KLA_ERROR_INVALID_VALUE, cat("path = ", path, " is unknown"));
@@ -358,7 +358,7 @@ size_t kla_workspace_size(const kla_params* p) {
   const int64_t image =
       dims_set ? kla::layout::wy_image_bytes(
                      K, kla::layout::wy_needs_images(kla::detail::enum_bits(p->dtype),
-                                                     kla::detail::enum_bits(p->fp32_math)))
+                                                     kla::detail::enum_bits(p->arithmetic)))
                : kla::layout::wy_image_bytes(128, true);
   // The records, then one K and one Q image per (chunk slot, key head); checked in double
   // first so the int64 products below cannot overflow.
@@ -413,7 +413,7 @@ kla_status kla_validate_backward(const kla_backward_params* p) {
     f.workspace_size = 0;
     f.path = KLA_PATH_AUTO;
     f.value_slice = 0;
-    f.fp32_math = KLA_FP32_MATH_ACCURATE;
+    f.arithmetic = KLA_ARITHMETIC_ACCURATE;
   }
   if (kla_status s = kla_validate(&f)) {
     std::string m = kla_last_error_message();

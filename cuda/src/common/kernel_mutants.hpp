@@ -16,6 +16,7 @@ enum class KernelMutant : int {
   transposed_rescale_missed,  // scan/wy_scan_transposed.cuh: fp16 state rows not rescaled
   tf32_fast_grade,            // scan/tf32_scan.cuh: K, Q and the state operand at 16 bits
   bwd_carry_no_gamma,         // bwd/bwd_state_scans.cuh: the state gradient's carry not decayed
+  fast_in_accurate,           // launch/launch_wy.cuh: the transposed scan's FAST kernel always
   count
 };
 
@@ -26,7 +27,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "beta_eps_zero",
                                                      "transposed_rescale_missed",
                                                      "tf32_fast_grade",
-                                                     "bwd_carry_no_gamma"};
+                                                     "bwd_carry_no_gamma",
+                                                     "fast_in_accurate"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
@@ -37,6 +39,9 @@ int active_kernel_mutant();
 // One copy per translation unit (no relocatable device code): each launcher sets its own.
 static __constant__ int kla_kernel_mutant_id;
 #define KLA_MUTANT(m) (::kla::kernels::kla_kernel_mutant_id == int(::kla::kernels::KernelMutant::m))
+// The same test in host code (a launcher's choice of kernel).
+#define KLA_HOST_MUTANT(m) \
+  (::kla::kernels::active_kernel_mutant() == int(::kla::kernels::KernelMutant::m))
 // Sets this translation unit's id before a launch. Skipped while the stream is being captured (a
 // copy from pageable memory cannot be captured): a replay runs with the id last set.
 #define KLA_SYNC_KERNEL_MUTANT(stream, what)                                                       \
@@ -53,6 +58,7 @@ static __constant__ int kla_kernel_mutant_id;
 #endif
 #else
 #define KLA_MUTANT(m) false
+#define KLA_HOST_MUTANT(m) false
 #define KLA_SYNC_KERNEL_MUTANT(stream, what) \
   do {                                       \
   } while (0)

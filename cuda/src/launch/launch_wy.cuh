@@ -1,7 +1,8 @@
 // Launcher of the WY paths at head dim KD (launch/launchers.hpp): the tensor maps the plan's scan
 // reads, the prep over (chunk, value head, sequence), then the [token][column] scan at the plan's
-// slice or the transposed scan. Decides nothing: the plan (plan/plan.cpp) has checked that every
-// piece fits; a tensor map the driver still refuses is an error, not a fallback.
+// slice or the transposed scan (in the plan's arithmetic). Decides nothing: the plan
+// (plan/plan.cpp) has checked that every piece fits; a tensor map the driver still refuses is an
+// error, not a fallback.
 #pragma once
 
 #include <type_traits>
@@ -33,12 +34,12 @@ cudaError_t launch_wy_scan(const KernelParams& p, cudaStream_t stream, const CUt
   return cudaGetLastError();
 }
 
-template <class E, int KD>
+template <class E, int KD, bool kFast>
 cudaError_t launch_wy_scan_transposed(const KernelParams& p, cudaStream_t stream,
                                       const CUtensorMap& kmap, const CUtensorMap& qmap,
                                       const CUtensorMap& vmap, const char*& what) {
   constexpr int64_t bytes = wy_t_smem_bytes(KD);
-  const auto kern = chunk_wy_scan_transposed_kernel<E, KD>;
+  const auto kern = chunk_wy_scan_transposed_kernel<E, KD, kFast>;
   what = "the transposed WY scan";
   const cudaError_t e =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
@@ -87,7 +88,10 @@ cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_
          size_t(prep_bytes), stream>>>(p, reinterpret_cast<char*>(p.ws));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   if constexpr (kTransposable)
-    if (transposed) return launch_wy_scan_transposed<E, KD>(p, stream, kmap, qmap, vmap, what);
+    if (transposed)
+      return KLA_HOST_MUTANT(fast_in_accurate) || plan.arithmetic == KLA_ARITHMETIC_FAST
+                 ? launch_wy_scan_transposed<E, KD, true>(p, stream, kmap, qmap, vmap, what)
+                 : launch_wy_scan_transposed<E, KD, false>(p, stream, kmap, qmap, vmap, what);
   switch (VS) {
     case 8:
       if constexpr (KD >= 96) return launch_wy_scan<E, KD, 8>(p, stream, kmap, qmap, vmap, what);

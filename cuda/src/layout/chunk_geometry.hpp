@@ -77,10 +77,10 @@ constexpr int64_t ws_record_bytes(int64_t K, int64_t V) {
   return tf32 > wy ? tf32 : wy;
 }
 
-/// Whether a call's WY scan reads K / Q images: fp16 storage, and fp32 with fp32_math FAST (bf16
-/// tiles are exact wgmma operands as they are). Takes the kla_dtype / kla_fp32_math values.
-constexpr bool wy_needs_images(int dtype, int fp32_math) {
-  return dtype == int(Elem::F16) || (dtype == int(Elem::F32) && fp32_math == 1 /* FAST */);
+/// Whether a call's WY scan reads K / Q images: fp16 storage, and fp32 with arithmetic FAST (bf16
+/// tiles are exact wgmma operands as they are). Takes the kla_dtype / kla_arithmetic values.
+constexpr bool wy_needs_images(int dtype, int arithmetic) {
+  return dtype == int(Elem::F16) || (dtype == int(Elem::F32) && arithmetic == 1 /* FAST */);
 }
 /// Bytes of one K or Q image, 0 where none is kept (no images wanted, or K off the WY list).
 constexpr int64_t wy_image_bytes(int64_t K, bool images) {

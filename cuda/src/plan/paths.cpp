@@ -57,8 +57,8 @@ std::string wy_can_implement(const Problem& pb, const DeviceInfo& dev, const Bui
   if (dev.cc_major != 9 || dev.cc_minor != 0)
     return cat("compute capability ", dev.cc_major, ".", dev.cc_minor,
                ": the WY kernels are sm_90a code (9.0 only)");
-  if (pb.elem == layout::Elem::F32 && !pb.fp32_fast)
-    return "fp32 with fp32_math ACCURATE (the WY products keep 16 bits of fp32 K / Q; FAST "
+  if (pb.elem == layout::Elem::F32 && !pb.fast)
+    return "fp32 with arithmetic ACCURATE (the WY products keep 16 bits of fp32 K / Q; FAST "
            "allows that)";
   if (!pb.workspace) return "no workspace (kla_params.workspace is NULL)";
   if (pb.max_chunks <= 0) return "no tokens (every sequence is empty)";

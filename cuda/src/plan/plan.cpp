@@ -102,6 +102,8 @@ void fill_wy(const Problem& pb, int VS, Plan& out) {
   const int64_t image = layout::wy_image_bytes(K, out.prep_images);
   out.workspace_bytes =
       records_bytes(pb) + layout::chunk_slots(pb.N, pb.T, pb.packed) * 2 * pb.H * image;
+  // fp32 runs here only under FAST (wy_can_implement); the bf16 / fp16 scan has one arithmetic.
+  out.arithmetic = pb.elem == Elem::F32 ? KLA_ARITHMETIC_FAST : KLA_ARITHMETIC_ACCURATE;
 }
 
 void fill_wy_transposed(const Problem& pb, Plan& out) {
@@ -117,6 +119,7 @@ void fill_wy_transposed(const Problem& pb, Plan& out) {
   out.prep_smem_bytes = layout::wy_prep_layout(pb.elem, K).bytes;
   out.prep_images = false;  // the transposed scan reads K and Q by tensor copies
   out.workspace_bytes = records_bytes(pb);
+  out.arithmetic = pb.fast ? KLA_ARITHMETIC_FAST : KLA_ARITHMETIC_ACCURATE;
 }
 
 // ---- TF32 ---------------------------------------------------------------------------------------
@@ -187,8 +190,8 @@ void fill_generic(const Problem& pb, layout::GenericTiling t, Plan& out) {
 }
 
 std::string shape_summary(const Problem& pb) {
-  return cat(elem_name(pb.elem), pb.elem == Elem::F32 && pb.fp32_fast ? " (FAST)" : "",
-             ", K = ", pb.K, ", V = ", pb.V, ", ", pb.N, " sequences x ", pb.HV, " value heads");
+  return cat(elem_name(pb.elem), pb.fast ? " (FAST)" : "", ", K = ", pb.K, ", V = ", pb.V, ", ",
+             pb.N, " sequences x ", pb.HV, " value heads");
 }
 
 }  // namespace
@@ -217,13 +220,15 @@ Problem describe(const kla_params& p) {
   }
   pb.max_chunks = (longest + layout::kChunk - 1) / layout::kChunk;
   pb.workspace = p.workspace != nullptr;
-  pb.fp32_fast = p.fp32_math == KLA_FP32_MATH_FAST;
+  pb.fast = p.arithmetic == KLA_ARITHMETIC_FAST;
   return pb;
 }
 
-kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInfo& build,
-                      Plan& out) {
-  const Problem pb = describe(p);
+namespace {
+
+kla_status decide_chunk(const Problem& pb, const DeviceInfo& dev, const BuildInfo& build,
+                        Plan& out) {
+  const kla_params& p = *pb.p;
   const kla_path want = p.path;
   const int vs = p.value_slice;
   out = Plan{};
@@ -318,6 +323,22 @@ kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInf
   return KLA_SUCCESS;
 }
 
+}  // namespace
+
+kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInfo& build,
+                      Plan& out) {
+  const Problem pb = describe(p);
+  const kla_status s = decide_chunk(pb, dev, build, out);
+  // FAST is a bound on the error, which ACCURATE meets: a path without a FAST arithmetic for the
+  // dtype runs its ACCURATE one, and the plan says so first (the reason may be truncated).
+  if (s == KLA_SUCCESS && pb.fast && out.arithmetic != KLA_ARITHMETIC_FAST)
+    out.reason = cat("arithmetic ACCURATE: the ", kla_path_name(out.path),
+                     " path has no FAST arithmetic for ", elem_name(pb.elem), " (",
+                     pb.elem == Elem::F32 ? "wy" : "wy_transposed",
+                     " has), and ACCURATE meets the FAST contract; ", out.reason);
+  return s;
+}
+
 kla_status plan_tokenwise(const kla_params& p, const DeviceInfo& dev, Plan& out) {
   (void)dev;
   out = Plan{};
@@ -355,6 +376,7 @@ void to_c(const Plan& in, kla_plan& out) {
   out.smem_bytes = in.smem_bytes;
   out.prep_smem_bytes = in.prep_smem_bytes;
   out.workspace_bytes = size_t(in.workspace_bytes);
+  out.arithmetic = in.arithmetic;
   const size_t n = std::min(in.reason.size(), sizeof out.reason - 1);
   std::memcpy(out.reason, in.reason.data(), n);
   out.reason[n] = '\0';

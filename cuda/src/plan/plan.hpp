@@ -39,11 +39,12 @@ struct Plan {
   int64_t blocks = 0;   // scan / tokenwise blocks
   int64_t prep_blocks = 0;
   int64_t smem_bytes = 0, prep_smem_bytes = 0;
-  int64_t workspace_bytes = 0;  // of kla_params.workspace this plan uses
-  bool prep_images = false;     // the WY prep writes the K / Q images (the [token][column] scan)
-  int kmax = 0;                 // tokenwise register family (64, 128, 256)
-  int64_t num_seqs = 0;         // N: batch, or num_seqs with cu_seqlens
-  int64_t max_chunks = 0;       // 64-token chunks of the longest sequence
+  int64_t workspace_bytes = 0;                          // of kla_params.workspace this plan uses
+  kla_arithmetic arithmetic = KLA_ARITHMETIC_ACCURATE;  // what the kernels run
+  bool prep_images = false;  // the WY prep writes the K / Q images (the [token][column] scan)
+  int kmax = 0;              // tokenwise register family (64, 128, 256)
+  int64_t num_seqs = 0;      // N: batch, or num_seqs with cu_seqlens
+  int64_t max_chunks = 0;    // 64-token chunks of the longest sequence
   std::string reason;
 };
 
@@ -55,7 +56,7 @@ struct Problem {
   bool packed = false;     // cu_seqlens
   int64_t max_chunks = 0;  // 64-token chunks of the longest sequence
   bool workspace = false;
-  bool fp32_fast = false;
+  bool fast = false;  // arithmetic FAST asked for (kla_arithmetic)
 };
 Problem describe(const kla_params& p);
 

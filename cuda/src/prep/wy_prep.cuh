@@ -1,5 +1,5 @@
 // WY path, pass 1 (prep): chunk_wy_prep_kernel, fully parallel over (sequence, chunk, value head),
-// for bf16 / fp16 storage and fp32 with fp32_math FAST on sm_90a. It forms what the scan needs of
+// for bf16 / fp16 storage and fp32 with arithmetic FAST on sm_90a. It forms what the scan needs of
 // a chunk without the state (paper App. B, WY form, in the normalised-key form):
 //   T = (I + B(A^- o K^K^T))^-1    (prep/invert.cuh: fp32 diagonal blocks, the blocks below on the
 //                                   tensor cores in split TF32)

@@ -25,7 +25,7 @@
 // that the last chunk read.
 //
 // Precision: products are bf16 with fp32 accumulation. Raw bf16 inputs are exact operands; fp16 K
-// / Q enter as bf16 hi + lo (exact), fp32 K / Q (fp32_math FAST) as hi + lo (16 significant bits,
+// / Q enter as bf16 hi + lo (exact), fp32 K / Q (arithmetic FAST) as hi + lo (16 significant bits,
 // the only rounding of an input); fp32 intermediates (S, R, X, T, P T) as hi + lo, and a product of
 // two split operands keeps hi hi + hi lo + lo hi (~2^-16 relative). V and the norms are fp32 as
 // given. Deterministic: fixed orders, no atomics.

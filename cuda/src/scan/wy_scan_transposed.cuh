@@ -19,6 +19,11 @@
 // scalars and arithmetic as chunk_wy_scan_kernel (every product of split operands keeps hi hi +
 // hi lo + lo hi), in another order of summation.
 //
+// kFast (kla_params.arithmetic FAST, kla.h): S^T and X^T enter as one part, hi, rounded once to
+// E (the products on T and P T keep their split): 48 state-product wgmma a chunk instead of 72,
+// the output's error within FLA's on the same inputs (tools/state_precision_study.py models it;
+// docs/accuracy.md measures it).
+//
 // fp16: K and Q are fp16 (not exact in bf16), so every product on them runs on the f16 wgmma with
 // the other operand as fp16 hi + lo: S^T and X^T, each row (value column) scaled by a power of two
 // into fp16's range first (fp16_range_scale), 22 bits where the bf16 split keeps 16. The scale of
@@ -73,7 +78,7 @@ __device__ __forceinline__ float accumulator_row_max(const float (*d)[32], int h
 }
 #endif
 
-template <class E, int KD>
+template <class E, int KD, bool kFast>
 __global__ void __launch_bounds__(kWyTThreads, 1)
     chunk_wy_scan_transposed_kernel(const KernelParams p, const char* __restrict__ ws,
                                     const __grid_constant__ CUtensorMap kmap,
@@ -256,8 +261,10 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
         const uint64_t bq = wgmma_desc_advance(bk, C * 128);
         wgmma_rs_n64<0, E>(accK, ah[ks], bk);
         wgmma_rs_n64<0, E>(accQ, ah[ks], bq);
-        wgmma_rs_n64<0, E>(accK, al[ks], bk);
-        wgmma_rs_n64<0, E>(accQ, al[ks], bq);
+        if constexpr (!kFast) {
+          wgmma_rs_n64<0, E>(accK, al[ks], bk);
+          wgmma_rs_n64<0, E>(accQ, al[ks], bq);
+        }
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -360,7 +367,7 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-        for (int part = 0; part < 2; ++part)
+        for (int part = 0; part < (kFast ? 1 : 2); ++part)
 #pragma unroll
           for (int pn = 0; pn < kPanels; ++pn)
             wgmma_rs_n64<1, E>(sT[pn], part ? xl[ks] : xh[ks],
