@@ -1,6 +1,6 @@
 """The backward of kla's chunkwise prefill beside flash-linear-attention's, in one run (issue 25).
 
-    PYTHONPATH=python KLA_CUDA_LIBRARY=build-gpu/dist/libkla_cuda.so.4 \
+    PYTHONPATH=python KLA_CUDA_LIBRARY=build-gpu/dist/libkla_cuda.so.5 \
         python3 bench/bench_backward.py --out out/backward     [--no-fla] [--quick]
 
 Speed: the three rows of FlashQLA's backward table (bf16, K = V = 128, H = 16 query/key heads,

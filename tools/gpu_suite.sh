@@ -190,7 +190,8 @@ if python3 -c "import torch" 2>/dev/null; then
   if compgen -G "$ROOT/.whl/fla/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/kla-suite-site "$ROOT"/.whl/fla/*.whl
   fi
-  PYTHONPATH=$ROOT/python:/tmp/kla-suite-site KLA_CUDA_LIBRARY=$DIST/libkla_cuda.so.4 \
+  abi=$(sed -n 's/^#define KLA_ABI_VERSION \([0-9]*\)$/\1/p' "$ROOT/cuda/include/kla/kla.h")
+  PYTHONPATH=$ROOT/python:/tmp/kla-suite-site KLA_CUDA_LIBRARY=$DIST/libkla_cuda.so.$abi \
     run python 400 python3 -m pytest "$ROOT/tests/python/test_gpu.py" -q -p no:cacheprovider -rfs
 else
   SUMMARY+=("| python                   | python3 has no torch: not run |")
