@@ -7,7 +7,7 @@ flash-linear-attention's, so that FLA code switches by changing the import (docs
     kla.torch_impl.chunk_kla(...)                                        # the same math in PyTorch
 
 Importing kla loads no library and needs no GPU; the first kernel call (or kla.plan,
-kla.library_info) loads libkla_cuda.so.4 and checks its ABI.
+kla.library_info) loads libkla_cuda.so.5 and checks its ABI.
 """
 from . import ops  # noqa: F401  (registers torch.ops.kla.*)
 from . import cp, nn, torch_impl  # noqa: F401  (kla.cp, kla.nn.KLA, kla.torch_impl.chunk_kla)

@@ -1,4 +1,4 @@
-"""Finding, loading and checking libkla_cuda.so.4, the C library behind the package.
+"""Finding, loading and checking libkla_cuda.so.5, the C library behind the package.
 
 The library is loaded once, at the first call that needs it (importing kla loads nothing). It
 is looked for in KLA_CUDA_LIBRARY (an environment variable naming a file, for development) or
@@ -37,7 +37,7 @@ def _build_info():
 
 
 def library_path():
-    """The file the package loads: $KLA_CUDA_LIBRARY, else the package's lib/libkla_cuda.so.4."""
+    """The file the package loads: $KLA_CUDA_LIBRARY, else the package's lib/libkla_cuda.so.5."""
     env = os.environ.get("KLA_CUDA_LIBRARY")
     if env:
         return env

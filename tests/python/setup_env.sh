@@ -7,7 +7,7 @@
 #    torch wheel plus the four NVIDIA libraries the CUDA toolkit here lacks, ~1.1 GB to
 #    download; the toolkit's own libraries serve the rest); else the full torch (~2.8 GB);
 # 3. the kla package, `pip install` of the repository: by default packaging the library the main
-#    build made (BUILD_DIR/cuda/libkla_cuda.so.4, KLA_PYTHON_LIBRARY) instead of compiling
+#    build made (BUILD_DIR/cuda/libkla_cuda.so.<KLA_ABI_VERSION>, KLA_PYTHON_LIBRARY) instead of compiling
 #    cuda/ a second time; KLA_PYTHON_BUILD=full compiles it as `pip install .` does anywhere;
 #    without that library (no nvcc) the package is built without CUDA, as it would be there.
 set -euo pipefail
@@ -31,7 +31,8 @@ fi
 
 args=(--no-deps --no-build-isolation --force-reinstall
       --config-settings=build-dir="$BUILD/python-package")
-lib=$BUILD/cuda/libkla_cuda.so.4
+abi=$(sed -n 's/^#define KLA_ABI_VERSION \([0-9]*\)$/\1/p' "$ROOT/cuda/include/kla/kla.h")
+lib=$BUILD/cuda/libkla_cuda.so.$abi
 if [ "${KLA_PYTHON_BUILD:-}" = full ]; then
   how="built with the package (cuda/ compiled)"
 elif [ -e "$lib" ]; then
