@@ -33,6 +33,7 @@ import csv
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -138,6 +139,8 @@ class Runner:
 
     def step(self, name, fn, need=10.0):
         """Runs one case unless the budget is spent or CUDA is broken; records errors."""
+        if self.args.only and not re.search(self.args.only, name):
+            return
         if self.fatal or self.left() < need:
             self.res["skipped"].append(name + (" (CUDA unusable)" if self.fatal else
                                                " (time budget)"))
@@ -322,6 +325,7 @@ class Runner:
         r["ours_chunk"] = rel_rms(s["o"], ref)
         o_chunk = s["o"].clone()
         s["o"].fill_(float("nan"))
+        s["p"].path = self.kc.PATH_AUTO  # the decode entry runs its one kernel
         self.lib.tokenwise_forward(s["p"], self.stream())
         torch.cuda.synchronize()
         r["ours_tokenwise"] = rel_rms(s["o"], ref)
@@ -553,6 +557,8 @@ def main():
     ap.add_argument("--out", help="output folder")
     ap.add_argument("--budget", type=float, default=200.0,
                     help="seconds; cases that would start later are skipped (default 200)")
+    ap.add_argument("--only", metavar="REGEX", help="run only the cases whose name matches (e.g. "
+                    "'accuracy (bf16|fp16) fast')")
     ap.add_argument("--plot", metavar="OUTDIR", help="only draw the PNGs from OUTDIR's JSON")
     ap.add_argument("--table", metavar="OUTDIR", help="only print the table of OUTDIR's JSON")
     args = ap.parse_args()
