@@ -296,7 +296,7 @@ def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=Non
     unless cu_seqlens_cpu holds the same values on the CPU). readout 'scale' or 'q_l2norm'
     (o = S^T q / |q|, no scale); arithmetic 'accurate' (default) or 'fast', the FAST contract:
     an output error no larger than FLA's (bf16 / fp16 on the wy_transposed path round the state
-    once to the dtype, ~10% faster; fp32 runs the WY path, ~3x faster; other paths run
+    once to the dtype, 7-9% faster; fp32 runs the WY path, ~3x faster; other paths run
     'accurate'; kla.plan(...).arithmetic says which runs); path / value_slice pin the kernel path
     (kla.plan shows what 'auto' picks).
     """

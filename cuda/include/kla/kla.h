@@ -100,7 +100,7 @@ typedef enum kla_readout {
  *   delta-rule libraries do; the contract is an output error no larger than flash-linear-
  *   attention's on the same inputs, and never NaN / Inf for finite inputs. bf16 / fp16: the
  *   WY_TRANSPOSED scan rounds the state (in K S and Q S) and the update (K^T X) once to the dtype,
- *   ~10% faster at the same output error budget; the WY, TF32 and GENERIC paths run their
+ *   7-9% faster there (docs/performance.md); the WY, TF32 and GENERIC paths run their
  *   ACCURATE arithmetic, which meets the contract. fp32: keys, queries and the state enter the
  *   products as bf16 hi + lo (16 significant bits) on the WY path, about 3x faster on H100 / H200
  *   at ~5e-6 relative RMS on random inputs and up to ~2e-5 on colinear or repeated keys.
