@@ -103,6 +103,23 @@ if r.returncode == 0:
     else:
         check("| GPU | none (CPU reference columns only)" in report,
               "without CUDA columns the provenance must say GPU: none (CPU reference columns only)")
+    # The arithmetic models (arith_models.cpp) run chunk64/raw in §2 and §6, and FAST keeps its
+    # contract there: no larger an error than the one-part arithmetic's (a one-part NaN/Inf
+    # counts as FAST's win), and never NaN/Inf itself.
+    models = ["bf16-fast-model", "bf16-onepart-model", "fp16-fast-model", "fp16-onepart-model"]
+    for name in ("sec2_eps_knorm.csv", "sec6_stress.csv"):
+        have = {r["variant"] for r in rows(name)}
+        check(set(models) <= have, f"{name} lacks the arithmetic models: {set(models) - have}")
+    s6 = {(r["case"], r["variant"]): r for r in rows("sec6_stress.csv")
+          if r["algo"] == "chunk64/raw"}
+    for (case, variant), r in s6.items():
+        if not variant.endswith("-fast-model"):
+            continue
+        check(int(r["nonfinite"]) == 0, f"FAST model NaN/Inf on {case}: {r}")
+        one = s6.get((case, variant.replace("-fast-", "-onepart-")))
+        if one and int(one["nonfinite"]) == 0:
+            check(float(r["rel_err"]) <= float(one["rel_err"]),
+                  f"FAST model above the one-part arithmetic on {case}: {r} vs {one}")
     # fp16 stores 1e-9 as 0 and 1e-6 as a subnormal.
     st = {(r["eps"], r["dtype"]): r["class"] for r in rows("eps_storage.csv")}
     check(st.get(("1e-09", "fp16")) == "zero", "fp16 should flush eps=1e-9 to zero")

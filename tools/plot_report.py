@@ -17,12 +17,16 @@ d = sys.argv[1]
 VARIANT_COLORS = {"fp32": "tab:blue", "bf16-emul": "tab:red", "bf16-store": "tab:orange",
                   "fp16-emul": "tab:purple", "fp16-store": "tab:green",
                   # the CUDA kernels' columns (GPU report)
-                  "cuda-fp32": "tab:cyan", "cuda-bf16": "tab:brown", "cuda-fp16": "tab:olive"}
+                  "cuda-fp32": "tab:cyan", "cuda-bf16": "tab:brown", "cuda-fp16": "tab:olive",
+                  # the models of the kernels' tensor-core arithmetics (arith_models.cpp)
+                  "bf16-fast-model": "gold", "bf16-onepart-model": "tab:pink",
+                  "fp16-fast-model": "yellowgreen", "fp16-onepart-model": "tab:gray"}
 
 
 def marker(v):
-    """Squares for the CUDA kernels' columns, dots for the CPU reference columns."""
-    return "s" if v.startswith("cuda-") else "o"
+    """Squares for the CUDA kernels' columns, triangles for the arithmetic models, dots for the
+    CPU reference columns."""
+    return "s" if v.startswith("cuda-") else "^" if v.endswith("-model") else "o"
 
 
 def rows(name):

@@ -165,6 +165,7 @@ std::vector<std::unique_ptr<Backend>> make_cpu_backends() {
 
 std::vector<std::unique_ptr<Backend>> make_backends(CudaStatus& st) {
   std::vector<std::unique_ptr<Backend>> b = make_cpu_backends();
+  for (auto& c : make_arithmetic_models()) b.push_back(std::move(c));
   for (auto& c : make_cuda_backends(st)) b.push_back(std::move(c));
   return b;
 }

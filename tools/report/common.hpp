@@ -97,6 +97,10 @@ class Backend {
 /// CPU columns: fp32, bf16-emul, bf16-store, fp16-emul, fp16-store (in that order).
 std::vector<std::unique_ptr<Backend>> make_cpu_backends();
 
+/// CPU columns modelling the chunkwise kernels' tensor-core arithmetics (arith_models.cpp):
+/// bf16-fast-model, bf16-onepart-model, fp16-fast-model, fp16-onepart-model (chunk64/raw only).
+std::vector<std::unique_ptr<Backend>> make_arithmetic_models();
+
 /// What the CUDA columns run on, for the provenance.
 struct CudaStatus {
   bool compiled = false;   ///< this kla_report links kla::cuda (CMake option KLA_REPORT_CUDA)
@@ -113,7 +117,8 @@ struct CudaStatus {
 /// the environment.
 std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st);
 
-/// Every column of the report: the CPU columns, then the CUDA columns where available.
+/// Every column of the report: the CPU columns, the arithmetic models, then the CUDA columns
+/// where available.
 std::vector<std::unique_ptr<Backend>> make_backends(CudaStatus& st);
 
 // ---- ground truth (truth.cpp) -----------------------------------------------------------------

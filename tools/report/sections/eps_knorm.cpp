@@ -65,6 +65,13 @@ std::string eps_knorm_table(const Config& cfg,
 Section section_eps_knorm(const Config& cfg, const Backends& bk, const std::string& dir,
                           Sweep& sw) {
   sw.algos = {Algo{false, 64, false}, Algo{true, 64, false}, Algo{true, 64, true}};
+  // The algorithm a column's single-algorithm tables show: tokenwise/raw, or the first one it
+  // runs (the arithmetic models run chunk64/raw only).
+  const auto shown_algo = [&](const Backend& b) -> const Algo& {
+    for (const Algo& a : sw.algos)
+      if (b.supports(a)) return a;
+    return sw.algos[0];
+  };
   Batch<EpsKnorm> batch(bk, sw.algos);
   for (double eps : cfg.eps_list)
     for (double kn : cfg.knorms)
@@ -200,8 +207,10 @@ Section section_eps_knorm(const Config& cfg, const Backends& bk, const std::stri
     const bool floor_col = has_kernels(bk);
     std::vector<std::vector<std::string>> rows;
     for (const auto& b : bk) {
-      const SweepCell& c = sw.cells.at({b->id(), sw.algos[0].label(), eps_typ, 1.0});
-      rows.push_back({b->id(), fmt(c.err.rel), fmt(c.incl), fmt(c.state)});
+      const Algo& a = shown_algo(*b);
+      const SweepCell& c = sw.cells.at({b->id(), a.label(), eps_typ, 1.0});
+      rows.push_back({b->id() + (a.label() == sw.algos[0].label() ? "" : " (" + a.label() + ")"),
+                      fmt(c.err.rel), fmt(c.incl), fmt(c.state)});
       if (floor_col) rows.back().push_back(fmt(c.floor));
     }
     std::vector<std::string> head{"column", "arithmetic only (vs truth on rounded inputs)",
@@ -214,10 +223,11 @@ Section section_eps_knorm(const Config& cfg, const Backends& bk, const std::stri
   os << image("sec2_heatmap.png",
               "relative error heat maps, eps x key norm, per column and algorithm");
   for (const auto& b : bk) {
-    os << "**" << b->id() << "**, " << b->algo_name(sw.algos[0])
+    const Algo& a = shown_algo(*b);
+    os << "**" << b->id() << "**, " << b->algo_name(a)
        << ", relative RMS error (rows eps, columns |k|):\n\n";
     os << eps_knorm_table(cfg, [&](double eps, double kn) {
-      const SweepCell& c = sw.cells.at({b->id(), sw.algos[0].label(), eps, kn});
+      const SweepCell& c = sw.cells.at({b->id(), a.label(), eps, kn});
       return c.err.nonfinite ? "NaN/Inf x" + std::to_string(c.err.nonfinite) : fmt(c.err.rel);
     }) << "\n";
   }

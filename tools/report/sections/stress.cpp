@@ -105,6 +105,7 @@ Section section_stress(const Config& cfg, const Backends& bk, const std::string&
       cells;                                               // (stress, variant, algo) -> error
   std::map<std::string, std::pair<double, size_t>> worst;  // variant -> (err, stress)
   std::map<std::string, std::set<size_t>> nan_cases;
+  std::map<std::pair<size_t, std::string>, ErrorStat> chunk_raw;  // (stress, variant), chunk64/raw
   for (const auto& sp : batch.runs()) {
     const auto& s = *sp;
     const ErrorStat e = rel_rms(s.r.o, s.c->truth.at(s.b->storage()).o);
@@ -112,6 +113,7 @@ Section section_stress(const Config& cfg, const Backends& bk, const std::string&
              std::to_string(e.nonfinite)});
     cells[{s.tag, s.b->id(), s.a.label()}] = e.nonfinite ? "NaN/Inf" : fmt(e.rel);
     if (e.nonfinite) nan_cases[s.b->id()].insert(s.tag);
+    if (s.a.label() == Algo{true, 64, false}.label()) chunk_raw[{s.tag, s.b->id()}] = e;
     auto& w = worst[s.b->id()];
     if (s.tag > 0 && (w.second == 0 || !(e.rel <= w.first))) w = {e.rel, s.tag};
   }
@@ -128,13 +130,51 @@ Section section_stress(const Config& cfg, const Backends& bk, const std::string&
     for (size_t s : set) names.push_back("'" + stresses[s].name + "'");
     nan_parts.push_back(id + " on " + join(names, ", "));
   }
+  // The FAST contract (kla_params.arithmetic) in the arithmetic models: FAST's error over the
+  // one-part arithmetic's (flash-linear-attention's) on each input; a one-part NaN / Inf where
+  // FAST is finite counts as FAST within the contract.
+  std::vector<std::string> contract;
+  for (const std::string d : {"bf16", "fp16"}) {
+    double worst_ratio = 0;
+    size_t at = 0, finite = 0, onepart_nan = 0;
+    bool fast_nan = false, ran = false;
+    for (size_t si = 0; si < stresses.size(); ++si) {
+      const auto f = chunk_raw.find({si, d + "-fast-model"});
+      const auto o = chunk_raw.find({si, d + "-onepart-model"});
+      if (f == chunk_raw.end() || o == chunk_raw.end()) continue;
+      ran = true;
+      if (f->second.nonfinite) {
+        fast_nan = true;
+        continue;
+      }
+      if (o->second.nonfinite) {
+        ++onepart_nan;
+        continue;
+      }
+      ++finite;
+      const double r = o->second.rel > 0 ? f->second.rel / o->second.rel : 0.0;
+      if (r >= worst_ratio) worst_ratio = r, at = si;
+    }
+    if (!ran) continue;
+    contract.push_back(d + ": at most " + fmt(worst_ratio) + "x (on '" + stresses[at].name + "', " +
+                       std::to_string(finite) + " inputs)" +
+                       (onepart_nan ? ", and finite on the " + std::to_string(onepart_nan) +
+                                          " where the one-part arithmetic gives NaN/Inf"
+                                    : "") +
+                       (fast_nan ? "; FAST itself NaN/Inf on some input" : ""));
+  }
   Section sec;
   sec.title = "6. Stress inputs";
   sec.finding = std::string("Worst stress case per column (largest error over the ") +
                 (has_kernels(bk) ? "algorithms it runs" : "three algorithms") +
                 "): " + join(parts, "; ") +
                 (nan_parts.empty() ? std::string("; no stress input produced NaN/Inf.")
-                                   : "; NaN/Inf appear in " + join(nan_parts, "; ") + ".");
+                                   : "; NaN/Inf appear in " + join(nan_parts, "; ") + ".") +
+                (contract.empty() ? std::string()
+                                  : " The FAST contract in the arithmetic models (FAST's error "
+                                    "over the one-part arithmetic's, flash-linear-attention's, "
+                                    "chunk64/raw): " +
+                                        join(contract, "; ") + ".");
   std::ostringstream os;
   os << "One base sequence (" << cfg.t_stress << " tokens, dk = " << cfg.dk << ", dv = " << cfg.dv
      << ", |k| in [0.5, 2], eta in [0.1, 1], alpha in [0.98, 1]) modified in one way per row; eps "
@@ -144,6 +184,10 @@ Section section_stress(const Config& cfg, const Backends& bk, const std::string&
   if (has_kernels(bk))
     os << "CUDA columns: token kernel | chunk kernel | n/a (the kernels run raw keys with the "
           "Kaczmarz coefficient only).\n\n";
+  os << "The *-model columns model the kernels' tensor-core arithmetics (n/a | chunk64/raw | "
+        "n/a): FAST (kla_params.arithmetic; the state and the update rounded once to the dtype) "
+        "and one-part (every operand rounded once, flash-linear-attention's), in double "
+        "otherwise (tools/report/arith_models.cpp).\n\n";
   os << image("sec6_stress.png", "stress inputs, error per column");
   std::vector<std::string> head{"input"};
   for (const auto& b : bk) head.push_back(b->id());
