@@ -7,7 +7,8 @@
 // padded or time-major input layouts, optional gates, varlen, states or a state pool) and
 // checks that it is accepted; then it applies up to four mutations (any size, stride, enum
 // (out-of-range values included), float, pointer, cu_seqlens / pool entry or count), then picks
-// the device workspace (none, valid, or any pointer and size) and the fp32 arithmetic, and checks:
+// the device workspace (none, valid, or any pointer and size) and the arithmetic contract, and
+// checks:
 //   * kla_validate returns a kla_status in range, never NO_DEVICE / CUDA / UNSUPPORTED_PATH
 //     (host-only validation), and ABI_MISMATCH exactly when the stamp is wrong;
 //   * the message is "kla: ..." on failure and "" on success;
@@ -974,8 +975,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     default: break;
   }
-  // Newer still (ABI 3): the fp32 arithmetic, any 32-bit value from time to time; a valid
-  // workspace stays valid (its need grows with FAST).
+  // Newer still (ABI 3): the arithmetic (fp32_math until ABI 5), any 32-bit value from time to
+  // time; a valid workspace stays valid (its need grows with FAST).
   set_enum(p.arithmetic, r.flag() ? std::int32_t(pick_i64(r, 0)) : r.range(0, 2));
   if (ws_case == 2) p.workspace_size = std::max(p.workspace_size, kla_workspace_size(&p));
   const int s1 = check(p, a, false);

@@ -74,7 +74,7 @@ def test_chunk_kla(dtype, K, V):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_chunk_kla_fp32_fast_and_paths(dtype):
+def test_chunk_kla_fast_and_paths(dtype):
     B, T, H, HV, K, V = 1, 200, 2, 2, 128, 128
     q, k, v, g, eta = inputs(B, T, H, HV, K, V, dtype, seed=3)
     ro, _ = recurrence(q, k, v, g, eta, eps=1e-6)
