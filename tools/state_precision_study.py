@@ -15,7 +15,10 @@ families (tools/kla_report.cpp §6), each with the accuracy test's decays (alpha
 and without decay (alpha = 1), where the state carries the most of o.
 
 Below each dtype's table, the FAST contract of issue 26 in this model: each arithmetic's largest
-ratio to FLA's (the last column) over the inputs, <= 1 where it never errs more than FLA's.
+ratio to FLA's (the last column) over the inputs, <= 1 where it never errs more than FLA's. The
+one-part columns round to bf16 for fp16 storage too: harsher than FLA's fp16 (one fp16 part) and
+than the fp16 FAST kernel (one fp16 part, each value column scaled into range); the precision
+report's arithmetic models (tools/report/arith_models.cpp) round fp16 as those do.
 
     python3 tools/state_precision_study.py [--T 2048] [--seed 7] [--out table.md]
 
