@@ -58,6 +58,12 @@ def log(*a):
     print(*a, flush=True)
 
 
+def plan_label(plan):
+    """'path/slice', and ' FAST' where the kernels run the FAST arithmetic."""
+    fast = " FAST" if plan["arithmetic"] == "fast" else ""
+    return f"{plan['path']}/{plan['value_slice']}{fast}"
+
+
 def rel_rms(a, b):
     a = a.double()
     b = b.double()
@@ -317,9 +323,7 @@ class Runner:
             s["p"].path = self.kc.PATH_WY_TRANSPOSED
         ref = self.reference(s)
         plan = self.lib.plan_chunk_forward(s["p"])
-        r = {"dtype": dname, "shape": f"{B}x{T}x{H} K{K} V{V}",
-             "plan": f"{plan['path']}/{plan['value_slice']}" +
-                     (" FAST" if plan["arithmetic"] == "fast" else "")}
+        r = {"dtype": dname, "shape": f"{B}x{T}x{H} K{K} V{V}", "plan": plan_label(plan)}
         self.lib.chunk_forward(s["p"], self.stream())
         torch.cuda.synchronize()
         r["ours_chunk"] = rel_rms(s["o"], ref)
@@ -367,8 +371,7 @@ class Runner:
         st = self.stream
         # The plan the timed calls run (kla_plan_chunk_forward: path, slice, why).
         plan = self.lib.plan_chunk_forward(first["p"])
-        r["plan"] = (f"{plan['path']}/{plan['value_slice']}" +
-                     (" FAST" if plan["arithmetic"] == "fast" else ""))
+        r["plan"] = plan_label(plan)
         r["plan_reason"] = plan["reason"]
         r["ours"] = self.median_ms(lambda i: self.lib.chunk_forward(sets[i % n]["p"], st()))
         r["ours_frac"] = floor_ms / r["ours"]

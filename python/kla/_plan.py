@@ -55,7 +55,7 @@ class Plan:
     def _from_c(cls, p):
         return cls(p.path_name.decode(), p.chunk_len, p.value_slice, p.stages, p.threads,
                    p.blocks, p.prep_blocks, p.smem_bytes, p.prep_smem_bytes, p.workspace_bytes,
-                   "fast" if p.arithmetic == P.ARITHMETIC_FAST else "accurate", p.reason.decode())
+                   P.ARITHMETIC_NAMES[p.arithmetic], p.reason.decode())
 
 
 class _Shape:

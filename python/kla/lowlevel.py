@@ -13,7 +13,8 @@ import ctypes
 from . import _lib
 from ._lib import KlaError, KlaLibraryError  # noqa: F401
 from ._params import (ABI_VERSION, COEFF_GIVEN, COEFF_KACZMARZ, DTYPE_BF16,  # noqa: F401
-                      DTYPE_FP16, DTYPE_FP32, ARITHMETIC_ACCURATE, ARITHMETIC_FAST, PATH_AUTO,
+                      DTYPE_FP16, DTYPE_FP32, ARITHMETIC_ACCURATE, ARITHMETIC_FAST,
+                      ARITHMETIC_NAMES, PATH_AUTO,
                       PATH_GENERIC, PATH_TF32, PATH_TOKENWISE, PATH_WY, PATH_WY_TRANSPOSED,
                       READOUT_Q_L2NORM, READOUT_SCALE, KlaDeviceInfo, KlaParams, KlaPlan,
                       as_dict, dtype_code, fill)
@@ -42,7 +43,7 @@ class KlaLibrary:
         plan = self._lib.plan_chunk(p)
         return {"path": plan.path_name.decode(), "value_slice": plan.value_slice,
                 "stages": plan.stages, "blocks": plan.blocks,
-                "arithmetic": "fast" if plan.arithmetic == ARITHMETIC_FAST else "accurate",
+                "arithmetic": ARITHMETIC_NAMES[plan.arithmetic],
                 "reason": plan.reason.decode()}
 
     def chunk_forward(self, p, stream=0):

@@ -28,11 +28,6 @@ using Vec = Eigen::VectorXd;
 
 enum class Parts { one, two };
 
-/// fp32, then the storage dtype (round_to, ties to even).
-double to_dtype(Storage s, double x) {
-  return round_to(s, double(float(x)));
-}
-
 /// Each column of x scaled by the power of two that takes its largest magnitude into
 /// [2^14, 2^15) before the rounding (the kernels' fp16_range_scale), undone after.
 double column_scale(const Mat& x, Eigen::Index j) {
@@ -48,8 +43,8 @@ Mat operand(const Mat& x, Storage s, Parts parts, bool scale_columns) {
     const double f = scale_columns ? column_scale(x, j) : 1.0;
     for (Eigen::Index i = 0; i < x.rows(); ++i) {
       const double v = double(float(x(i, j) * f));
-      const double hi = to_dtype(s, v);
-      out(i, j) = (parts == Parts::one ? hi : hi + to_dtype(s, v - hi)) / f;
+      const double hi = round_to(s, v);
+      out(i, j) = (parts == Parts::one ? hi : hi + round_to(s, v - hi)) / f;
     }
   }
   return out;
@@ -112,7 +107,7 @@ RunResult run_model(const Problem& p, double eps, Storage s, const Arithmetic& a
     const Mat X = upd.asDiagonal() * R;
     S = std::exp(lg(L - 1)) * S + K.transpose() * operand(X, s, ar.state, ar.scale_columns);
     for (int i = 0; i < L; ++i)
-      for (int r = 0; r < dv; ++r) out.o[size_t(c0 + i) * dv + r] = to_dtype(s, O(i, r));
+      for (int r = 0; r < dv; ++r) out.o[size_t(c0 + i) * dv + r] = round_to(s, O(i, r));
   }
   out.state.assign(size_t(dk) * dv, 0.0);
   for (int i = 0; i < dk; ++i)
