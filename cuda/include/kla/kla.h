@@ -283,7 +283,7 @@ KLA_API size_t kla_workspace_size(const kla_params* p);
  * Arithmetic: fp32 throughout (inputs rounded to the dtype are read exactly), the chunk form of
  * reference/include/kla/ref/grad_chunk.hpp in the normalised-key form; what the forward would
  * save (each chunk's incoming state) is recomputed here into the workspace, whose size
- * kla_backward_workspace_size reports ((2 K V + 64 (5 K + 3 V) + 9216) * 4 bytes per 64-token
+ * kla_backward_workspace_size reports ((2 K V + 64 (5 K + 3 V) + 5120) * 4 bytes per 64-token
  * chunk and value head). Deterministic (no atomics), no allocation, no host synchronisation.
  * Head dims up to 128 (a larger one is KLA_ERROR_UNSUPPORTED_HEAD_DIM). */
 typedef struct kla_backward_params {

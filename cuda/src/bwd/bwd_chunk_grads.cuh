@@ -66,8 +66,6 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
   if (tid < C) {
     G[tid] = rec[R.sc + kScG * C + tid];
     beta[tid] = rec[R.sc + kScBeta * C + tid];
-    dGs[tid] = 0.f;
-    dbs[tid] = 0.f;
     eg[tid] = expf(G[tid]);
     gc[tid] = expf(rec[R.sc + kScG * C + C - 1] - G[tid]);
   }

@@ -9,7 +9,6 @@
 //   u      [C][V]  U0 = A^-1 diag(beta) V^, then U = U0 - W S (the state scan)
 //   du     [C][V]  X = M^T dY (the prep), then dU = X + K_G dS_out (the state-gradient scan), then
 //                  dR = A^-T dU (the input gradients)
-//   m      [C][C]  M = (Q^ K^^T) o Gamma (lower)
 //   ainv   [C][C]  A^-1 (lower)
 //   sc     [16][C] per-token scalars (BwdScalar rows)
 //   s, ds  [K][V]  the chunk's incoming state S; Y = Q^^T diag(e^G) dY (the prep), then the
@@ -55,7 +54,7 @@ enum BwdScalar : int {
 
 /// Float offsets of one backward record.
 struct BwdRecord {
-  int64_t kh, qh, vh, w, u, du, m, ainv, sc, s, ds, dq, dk, floats;
+  int64_t kh, qh, vh, w, u, du, ainv, sc, s, ds, dq, dk, floats;
   constexpr BwdRecord(int64_t K, int64_t V)
       : kh(0),
         qh(kh + kChunk * K),
@@ -63,8 +62,7 @@ struct BwdRecord {
         w(vh + kChunk * V),
         u(w + kChunk * K),
         du(u + kChunk * V),
-        m(du + kChunk * V),
-        ainv(m + kChunk * kChunk),
+        ainv(du + kChunk * V),
         sc(ainv + kChunk * kChunk),
         s(sc + kBwdScalarRows * kChunk),
         ds(s + K * V),

@@ -123,7 +123,6 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
     const float gam = j <= i ? expf(G[i] - G[j]) : 0.f;
     const float mij = j <= i ? Xs[i * PC + j] * gam : 0.f;
     Xs[i * PC + j] = mij;
-    rec[R.m + idx] = mij;
     Ls[i * PC + j] = j < i ? beta[i] * gam * Ls[i * PC + j] : 0.f;
   }
   __syncthreads();
