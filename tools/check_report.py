@@ -86,16 +86,23 @@ if r.returncode == 0:
         if row["variant"] == "fp32" and float(row["knorm"]) == 1.0:
             e = float(row["rel_err"])
             check(math.isfinite(e) and e < 1e-4, f"fp32 error at |k|=1 too large: {row}")
-    # The CUDA columns: all three in every section where a GPU ran them, otherwise none, and the
-    # provenance says which.
+    # The CUDA columns: all five where a GPU ran them, otherwise none, and the provenance says
+    # which. The three ACCURATE ones in every section; the two FAST ones (chunk64/raw, no
+    # per-token trace) in every section but the per-token ones (3 and 7).
     cuda = sorted({r["variant"] for r in rows("sec2_eps_knorm.csv") if r["variant"].startswith("cuda-")})
     if cuda:
-        check(cuda == ["cuda-bf16", "cuda-fp16", "cuda-fp32"], f"CUDA columns {cuda}")
+        fast = ["cuda-bf16-fast", "cuda-fp16-fast"]
+        check(cuda == ["cuda-bf16", "cuda-bf16-fast", "cuda-fp16", "cuda-fp16-fast", "cuda-fp32"],
+              f"CUDA columns {cuda}")
         check("GPU report:" in report, "a report with CUDA columns must say it is a GPU report")
         for name in ("sec2_eps_knorm.csv", "sec3_defect.csv", "sec4_length.csv", "sec5_forms.csv",
                      "sec6_stress.csv", "sec7_contraction.csv"):
             have = {r["variant"] for r in rows(name)}
-            check(set(cuda) <= have, f"{name} lacks CUDA columns: {set(cuda) - have}")
+            want = set(cuda) - (set(fast) if name in ("sec3_defect.csv", "sec7_contraction.csv")
+                                else set())
+            check(want <= have, f"{name} lacks CUDA columns: {want - have}")
+            if name in ("sec3_defect.csv", "sec7_contraction.csv"):
+                check(not (set(fast) & have), f"{name} has FAST columns, which have no trace")
         for row in rows("sec2_eps_knorm.csv"):
             if row["variant"] == "cuda-fp32" and float(row["knorm"]) == 1.0:
                 e = float(row["rel_err"])
@@ -113,13 +120,15 @@ if r.returncode == 0:
     s6 = {(r["case"], r["variant"]): r for r in rows("sec6_stress.csv")
           if r["algo"] == "chunk64/raw"}
     for (case, variant), r in s6.items():
-        if not variant.endswith("-fast-model"):
+        # the FAST model, and the FAST kernels (cuda-<dt>-fast) in a GPU report
+        if not (variant.endswith("-fast-model") or variant.endswith("-fast")):
             continue
-        check(int(r["nonfinite"]) == 0, f"FAST model NaN/Inf on {case}: {r}")
-        one = s6.get((case, variant.replace("-fast-", "-onepart-")))
+        check(int(r["nonfinite"]) == 0, f"FAST NaN/Inf on {case}: {r}")
+        d = variant.replace("cuda-", "").split("-")[0]
+        one = s6.get((case, d + "-onepart-model"))
         if one and int(one["nonfinite"]) == 0:
             check(float(r["rel_err"]) <= float(one["rel_err"]),
-                  f"FAST model above the one-part arithmetic on {case}: {r} vs {one}")
+                  f"FAST above the one-part arithmetic on {case}: {r} vs {one}")
     # fp16 stores 1e-9 as 0 and 1e-6 as a subnormal.
     st = {(r["eps"], r["dtype"]): r["class"] for r in rows("eps_storage.csv")}
     check(st.get(("1e-09", "fp16")) == "zero", "fp16 should flush eps=1e-9 to zero")

@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     fs::create_directories(tmp);
     const std::string dir = tmp.string();
     CudaStatus cuda;
-    const Backends bk = make_backends(cuda);
+    const Backends bk = make_backends(cuda, std::max({cfg.dk, cfg.dv, cfg.long_dim}));
     if (cuda.available)
       std::cerr << "[kla_report] CUDA columns on " << cuda.device << "\n";
     else

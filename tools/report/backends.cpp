@@ -2,7 +2,6 @@
 // bf16/fp16 (every operation rounded), and the "storage" variants that keep bf16/fp16 inputs
 // but compute in float, which is closer to what a real kernel does (fp32 state and
 // accumulation, β in fp32).
-#include <cfloat>
 #include <cmath>
 #include <exception>
 
@@ -13,45 +12,6 @@
 namespace kla::report {
 
 namespace ref = kla::ref;
-
-std::string storage_name(Storage s) {
-  switch (s) {
-    case Storage::fp64: return "fp64";
-    case Storage::fp32: return "fp32";
-    case Storage::bf16: return "bf16";
-    case Storage::fp16: return "fp16";
-  }
-  return "?";
-}
-
-double round_to(Storage s, double x) {
-  switch (s) {
-    case Storage::fp64: return x;
-    // Via float: double rounding differs from direct rounding only on exact ties of the 24-bit
-    // intermediate, which random data does not hit in practice; all columns share the values.
-    case Storage::fp32: return double(float(x));
-    case Storage::bf16: return double(float(Eigen::bfloat16(float(x))));
-    case Storage::fp16: return double(float(Eigen::half(float(x))));
-  }
-  return x;
-}
-
-double min_normal(Storage s) {
-  switch (s) {
-    case Storage::fp64: return DBL_MIN;
-    case Storage::fp32:
-    case Storage::bf16: return FLT_MIN;
-    case Storage::fp16: return std::ldexp(1.0, -14);
-  }
-  return 0;
-}
-
-Problem Problem::rounded(Storage s) const {
-  Problem r = *this;
-  for (auto* vec : {&r.q, &r.k, &r.v, &r.eta, &r.alpha})
-    for (double& x : *vec) x = round_to(s, x);
-  return r;
-}
 
 namespace {
 
@@ -163,10 +123,10 @@ std::vector<std::unique_ptr<Backend>> make_cpu_backends() {
   return b;
 }
 
-std::vector<std::unique_ptr<Backend>> make_backends(CudaStatus& st) {
+std::vector<std::unique_ptr<Backend>> make_backends(CudaStatus& st, int max_head_dim) {
   std::vector<std::unique_ptr<Backend>> b = make_cpu_backends();
   for (auto& c : make_arithmetic_models()) b.push_back(std::move(c));
-  for (auto& c : make_cuda_backends(st)) b.push_back(std::move(c));
+  for (auto& c : make_cuda_backends(st, max_head_dim)) b.push_back(std::move(c));
   return b;
 }
 

@@ -108,18 +108,21 @@ struct CudaStatus {
   std::string device;      ///< e.g. "NVIDIA H200, 132 SMs, compute capability 9.0, 140 GiB"
   std::string versions;    ///< driver, runtime and toolkit versions, kla::cuda version
   std::string why;         ///< why there are no CUDA columns (when !available)
+  std::string note;        ///< why some CUDA columns are missing (the FAST ones), or ""
 };
 
 /// CUDA columns cuda-fp32, cuda-bf16, cuda-fp16: the kla::cuda kernels through the C ABI, one
 /// column per dtype, tokenwise/raw running kla_tokenwise_forward and chunk64/raw running
-/// kla_chunk_forward (Kaczmarz coefficient). Empty, with `st.why` set, when this build has no
-/// CUDA backend, when no CUDA device is present at run time, or when KLA_REPORT_CUDA=0 is set in
-/// the environment.
-std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st);
+/// kla_chunk_forward (Kaczmarz coefficient); then cuda-bf16-fast, cuda-fp16-fast (arithmetic
+/// FAST on the transposed scan, chunk64/raw only) when the report's head dims are at most
+/// max_head_dim <= 128 (else `st.note` says why not). Empty, with `st.why` set, when this build
+/// has no CUDA backend, when no CUDA device is present at run time, or when KLA_REPORT_CUDA=0 is
+/// set in the environment.
+std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st, int max_head_dim);
 
 /// Every column of the report: the CPU columns, the arithmetic models, then the CUDA columns
-/// where available.
-std::vector<std::unique_ptr<Backend>> make_backends(CudaStatus& st);
+/// where available (max_head_dim: the largest head dim the report runs).
+std::vector<std::unique_ptr<Backend>> make_backends(CudaStatus& st, int max_head_dim);
 
 // ---- ground truth (truth.cpp) -----------------------------------------------------------------
 

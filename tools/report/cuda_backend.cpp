@@ -1,16 +1,20 @@
 // CUDA columns of the precision report (issue 4, GPU part): the kla::cuda kernels run through
 // their C ABI (cuda/include/kla/kla.h, docs/api.md) on the report's problems.
 //
-// One column per dtype (cuda-fp32, cuda-bf16, cuda-fp16). The problem's inputs are already
-// rounded to the column's storage dtype, so copying them to the device in that dtype is exact;
-// η goes in fp32 (exact), α as the ABI's log decay g = ln α in fp32 (the only input the ABI
-// itself rounds). The runs use the Kaczmarz coefficient from the raw keys and the read-out
-// o = Sᵀq with scale 1, and come back as doubles: o from the storage dtype the kernel writes it
-// in, the final state from fp32. Head dimensions are zero-padded, the key dimension to at least
-// 64 (so that bf16 / fp16 prefill takes the production WY path of Hopper GPUs, whose key dims
-// are 64 / 96 / 128; docs/api.md) and both to a multiple of 16 (the kernels' granularity): zero
-// key, query and value components contribute exact zeros to every product and leave the padded
-// state rows and columns at 0, so the padded run is the same computation on the same values.
+// One column per dtype (cuda-fp32, cuda-bf16, cuda-fp16) under arithmetic ACCURATE, and two under
+// FAST (cuda-bf16-fast, cuda-fp16-fast: kla_params.arithmetic = FAST, pinned to the transposed
+// scan, the one path with FAST arithmetic for bf16 / fp16; chunk64/raw only, no trace; modelled by
+// the CPU columns <dt>-fast-model of arith_models.cpp). The problem's inputs are already rounded to
+// the column's storage dtype, so copying them to the device in that dtype is exact; η goes in fp32
+// (exact), α as the ABI's log decay g = ln α in fp32 (the only input the ABI itself rounds). The
+// runs use the Kaczmarz coefficient from the raw keys and the read-out o = Sᵀq with scale 1, and
+// come back as doubles: o from the storage dtype the kernel writes it in, the final state from
+// fp32. Head dimensions are zero-padded, the key dimension to at least 64 (so that bf16 / fp16
+// prefill takes the production WY path of Hopper GPUs, whose key dims are 64 / 96 / 128;
+// docs/api.md) and both to a multiple of 16 (the kernels' granularity; the FAST columns: dk to 64
+// or 128 and dv to a multiple of 64, the transposed scan's shapes): zero key, query and value
+// components contribute exact zeros to every product and leave the padded state rows and columns at
+// 0, so the padded run is the same computation on the same values.
 //
 // Built with kla::cuda when the CMake option KLA_REPORT_CUDA is on (KLA_REPORT_CUDA=1 defined);
 // otherwise make_cuda_backends() only says why there are no CUDA columns.
@@ -81,6 +85,14 @@ int pad16(int n) {
 int pad_key(int n) {
   return n <= 64 ? 64 : pad16(n);
 }
+/// The transposed scan's head dims (plan/paths.cpp): key 64 or 128, value a multiple of 64.
+constexpr int kFastMaxHeadDim = 128;
+int pad_key_fast(int n) {
+  return n <= 64 ? 64 : 128;
+}
+int pad_value_fast(int n) {
+  return (n + 63) / 64 * 64;
+}
 
 size_t dtype_bytes(kla_dtype d) {
   return d == KLA_DTYPE_FP32 ? 4 : 2;
@@ -146,12 +158,12 @@ struct DeviceInputs {
   kla_dtype dtype;
   DeviceBuffer q, k, v, eta, g;
 
-  DeviceInputs(const Problem& p, kla_dtype d, cudaStream_t s)
+  DeviceInputs(const Problem& p, kla_dtype d, bool fast, cudaStream_t s)
       : T(p.T),
         dk(p.dk),
         dv(p.dv),
-        Kp(pad_key(p.dk)),
-        Vp(pad16(p.dv)),
+        Kp(fast ? pad_key_fast(p.dk) : pad_key(p.dk)),
+        Vp(fast ? pad_value_fast(p.dv) : pad16(p.dv)),
         dtype(d),
         q(size_t(p.T) * Kp * dtype_bytes(d)),
         k(size_t(p.T) * Kp * dtype_bytes(d)),
@@ -205,12 +217,29 @@ struct DeviceInputs {
   std::vector<float> heta, hg;
 };
 
+/// A CUDA column: one dtype under one arithmetic. ACCURATE columns run both entry points and
+/// trace; FAST columns run kla_chunk_forward on the transposed scan only.
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(kla_dtype d, Storage s, std::string name) : dtype_(d), storage_(s), name_(name) {}
-  std::string id() const override { return "cuda-" + name_; }
+  CudaBackend(kla_dtype d, Storage s, std::string name, bool fast)
+      : dtype_(d), storage_(s), name_(name), fast_(fast) {}
+  std::string id() const override { return "cuda-" + name_ + (fast_ ? "-fast" : ""); }
   Storage storage() const override { return storage_; }
   DtypeSpec dtypes() const override {
+    if (fast_)
+      return {name_,
+              "fp32",
+              "fp32",
+              "fp32 (Kaczmarz, from the raw keys)",
+              "fp32",
+              "kla::cuda kernels through the C ABI under arithmetic FAST (kla_params.arithmetic; "
+              "the state and its update rounded once to " +
+                  name_ +
+                  " in their tensor-core products): chunk64/raw = kla_chunk_forward pinned to the "
+                  "transposed scan (kla_params.path = WY_TRANSPOSED, the path with FAST for " +
+                  name_ + "; the plan is checked to run FAST there); o written in " + name_ +
+                  ", final state in fp32; head dims padded with zeros (exact): dk to 64 or 128, "
+                  "dv to a multiple of 64"};
     return {name_,
             "fp32",
             "fp32",
@@ -226,12 +255,16 @@ class CudaBackend final : public Backend {
   }
   double unit_roundoff() const override { return std::ldexp(1.0, -24); }
   bool supports(const Algo& a) const override {
-    return !a.normalized && (!a.chunked || a.chunk == 64);
+    return !a.normalized && (a.chunked ? a.chunk == 64 : !fast_);
   }
   std::string algo_name(const Algo& a) const override {
-    return a.chunked ? "chunk kernel" : "token kernel";
+    return a.chunked ? (fast_ ? "chunk kernel FAST" : "chunk kernel") : "token kernel";
   }
-  std::string model_id() const override { return name_ == "fp32" ? "fp32" : name_ + "-store"; }
+  std::string model_id() const override {
+    if (fast_) return name_ + "-fast-model";
+    return name_ == "fp32" ? "fp32" : name_ + "-store";
+  }
+  bool has_trace() const override { return !fast_; }
   double stored_eps(double eps) const override { return double(float(eps)); }
   std::string trace_note() const override {
     return "The CUDA columns expose no per-token state inside a call, so their per-token trace "
@@ -243,8 +276,12 @@ class CudaBackend final : public Backend {
 
   RunResult run(const Problem& p, double eps, const Algo& a) const override {
     if (!supports(a)) throw std::logic_error(id() + " does not run " + a.label());
+    if (fast_ && (p.dk > kFastMaxHeadDim || p.dv > kFastMaxHeadDim))
+      throw std::runtime_error(id() + ": head dims up to " + std::to_string(kFastMaxHeadDim) +
+                               " (the transposed scan's), got dk = " + std::to_string(p.dk) +
+                               ", dv = " + std::to_string(p.dv));
     cudaStream_t s = cudaStreamPerThread;
-    const DeviceInputs in(p, dtype_, s);
+    const DeviceInputs in(p, dtype_, fast_, s);
     const size_t es = dtype_bytes(dtype_);
     DeviceBuffer o(size_t(p.T) * in.Vp * es), S(size_t(in.Kp) * in.Vp * 4);
     kla_params prm = in.params(0, p.T, eps, true);
@@ -253,9 +290,21 @@ class CudaBackend final : public Backend {
     std::unique_ptr<DeviceBuffer> ws;
     kla_status st;
     if (a.chunked) {
+      if (fast_) {
+        prm.arithmetic = KLA_ARITHMETIC_FAST;
+        prm.path = KLA_PATH_WY_TRANSPOSED;
+      }
       prm.workspace_size = kla_workspace_size(&prm);
       ws = std::make_unique<DeviceBuffer>(prm.workspace_size);
       prm.workspace = ws->get();
+      if (fast_) {  // a column named FAST runs FAST, or the report stops
+        kla_plan plan;
+        const kla_status ps = kla_plan_chunk_forward(&prm, &plan);
+        if (ps != KLA_SUCCESS) throw std::runtime_error(id() + " plan: " + last_error(ps));
+        if (plan.arithmetic != KLA_ARITHMETIC_FAST || plan.path != KLA_PATH_WY_TRANSPOSED)
+          throw std::runtime_error(
+              id() + ": the plan does not run FAST on the transposed scan: " + plan.reason);
+      }
       st = kla_chunk_forward(&prm, reinterpret_cast<kla_stream_t>(s));
     } else {
       st = kla_tokenwise_forward(&prm, reinterpret_cast<kla_stream_t>(s));
@@ -276,8 +325,9 @@ class CudaBackend final : public Backend {
   }
 
   std::optional<std::vector<TokenRecord>> trace(const Problem& p, double eps) const override {
+    if (fast_) return std::nullopt;  // FAST has no tokenwise kernel to chain
     cudaStream_t s = cudaStreamPerThread;
-    const DeviceInputs in(p, dtype_, s);
+    const DeviceInputs in(p, dtype_, false, s);
     const size_t n_state = size_t(in.Kp) * in.Vp;
     DeviceBuffer o(size_t(in.Vp) * dtype_bytes(dtype_)), S0(n_state * 4), S1(n_state * 4);
     std::vector<float> S(n_state, 0.0f), decayed(n_state);
@@ -303,6 +353,7 @@ class CudaBackend final : public Backend {
   kla_dtype dtype_;
   Storage storage_;
   std::string name_;
+  bool fast_;
 };
 
 std::string version(int v) {
@@ -311,7 +362,7 @@ std::string version(int v) {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st) {
+std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st, int max_head_dim) {
   st = CudaStatus{};
   st.compiled = true;
   std::vector<std::unique_ptr<Backend>> b;
@@ -344,9 +395,16 @@ std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st) {
   st.versions = "CUDA driver " + version(driver) + ", runtime " + version(runtime) +
                 " (kla_report built against " + version(CUDART_VERSION) + "), kla::cuda " +
                 kla_version_string();
-  b.push_back(std::make_unique<CudaBackend>(KLA_DTYPE_FP32, Storage::fp32, "fp32"));
-  b.push_back(std::make_unique<CudaBackend>(KLA_DTYPE_BF16, Storage::bf16, "bf16"));
-  b.push_back(std::make_unique<CudaBackend>(KLA_DTYPE_FP16, Storage::fp16, "fp16"));
+  b.push_back(std::make_unique<CudaBackend>(KLA_DTYPE_FP32, Storage::fp32, "fp32", false));
+  b.push_back(std::make_unique<CudaBackend>(KLA_DTYPE_BF16, Storage::bf16, "bf16", false));
+  b.push_back(std::make_unique<CudaBackend>(KLA_DTYPE_FP16, Storage::fp16, "fp16", false));
+  if (max_head_dim <= kFastMaxHeadDim) {
+    b.push_back(std::make_unique<CudaBackend>(KLA_DTYPE_BF16, Storage::bf16, "bf16", true));
+    b.push_back(std::make_unique<CudaBackend>(KLA_DTYPE_FP16, Storage::fp16, "fp16", true));
+  } else {
+    st.note = "no FAST columns: head dims up to " + std::to_string(max_head_dim) +
+              " exceed the transposed scan's " + std::to_string(kFastMaxHeadDim);
+  }
   // A smoke call per column and entry point: a device the kernels were not built for (no
   // kernel image) gives no columns and a reason, not a report full of errors.
   Problem p;
@@ -356,7 +414,8 @@ std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st) {
   p.eta = {1.0, 1.0};
   try {
     for (const auto& c : b)
-      for (bool chunked : {false, true}) (void)c->run(p, 1e-6, Algo{chunked, 64, false});
+      for (bool chunked : {false, true})
+        if (c->supports(Algo{chunked, 64, false})) (void)c->run(p, 1e-6, Algo{chunked, 64, false});
   } catch (const std::exception& ex) {
     st.why = "the kernels failed a smoke call on " + st.device + ": " + ex.what();
     b.clear();
@@ -368,8 +427,9 @@ std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st) {
 
 #else  // no CUDA backend in this build
 
-std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st) {
+std::vector<std::unique_ptr<Backend>> make_cuda_backends(CudaStatus& st, int max_head_dim) {
   st = CudaStatus{};
+  (void)max_head_dim;
   st.why =
       "this kla_report has no CUDA backend (configure with -DKLA_REPORT_CUDA=ON, "
       "which needs kla::cuda)";

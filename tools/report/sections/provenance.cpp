@@ -97,7 +97,7 @@ Section section_provenance(const Config& cfg, const Backends& bk, const CudaStat
   std::string toolkit, gpu;
   if (cuda.available) {
     toolkit = (nvcc.empty() ? std::string() : nvcc + "; ") + cuda.versions;
-    gpu = cuda.device + " (the cuda-* columns)";
+    gpu = cuda.device + " (the cuda-* columns)" + (cuda.note.empty() ? "" : "; " + cuda.note);
   } else {
     toolkit = nvcc.empty() ? "none found (CPU-only report)"
                            : nvcc + " (not used: " +
@@ -163,9 +163,11 @@ Section section_provenance(const Config& cfg, const Backends& bk, const CudaStat
     os << "The cuda-* columns are the kla::cuda kernels themselves, run on " << cuda.device
        << " through the C ABI on the very inputs of the other columns of their storage dtype "
           "(tools/report/cuda_backend.cpp). Head dimensions are zero-padded to a multiple of 16, "
-          "the kernels' granularity: zero components add exact zeros, so the padded run computes "
+          "the kernels' granularity (the FAST columns: dk to 64 or 128, dv to a multiple of 64, "
+          "the transposed scan's): zero components add exact zeros, so the padded run computes "
           "the same values. In the tables, token kernel = tokenwise/raw and chunk kernel = "
-          "chunk64/raw.\n\n";
+          "chunk64/raw; the -fast columns (kla_params.arithmetic = FAST, on the transposed scan, "
+          "modelled by the <dtype>-fast-model columns) run chunk64/raw only.\n\n";
   os << "Ground-truth cross-check: the direct MPFR loop used as truth against the reference "
         "library "
         "itself, on bf16-rounded inputs with key norms from 1e-2 to 1e2 (relative difference of "

@@ -130,16 +130,16 @@ Section section_stress(const Config& cfg, const Backends& bk, const std::string&
     for (size_t s : set) names.push_back("'" + stresses[s].name + "'");
     nan_parts.push_back(id + " on " + join(names, ", "));
   }
-  // The FAST contract (kla_params.arithmetic) in the arithmetic models: FAST's error over the
-  // one-part arithmetic's (flash-linear-attention's) on each input; a one-part NaN / Inf where
-  // FAST is finite counts as FAST within the contract.
-  std::vector<std::string> contract;
-  for (const std::string d : {"bf16", "fp16"}) {
+  // The FAST contract (kla_params.arithmetic): FAST's error over the one-part arithmetic's
+  // (flash-linear-attention's, modelled by <dt>-onepart-model) on each input, for the FAST model
+  // and, in a GPU report, the FAST kernels; a one-part NaN / Inf where FAST is finite counts as
+  // FAST within the contract.
+  auto contract_of = [&](const std::string& fast_id, const std::string& d) -> std::string {
     double worst_ratio = 0;
     size_t at = 0, finite = 0, onepart_nan = 0;
     bool fast_nan = false, ran = false;
     for (size_t si = 0; si < stresses.size(); ++si) {
-      const auto f = chunk_raw.find({si, d + "-fast-model"});
+      const auto f = chunk_raw.find({si, fast_id});
       const auto o = chunk_raw.find({si, d + "-onepart-model"});
       if (f == chunk_raw.end() || o == chunk_raw.end()) continue;
       ran = true;
@@ -155,14 +155,18 @@ Section section_stress(const Config& cfg, const Backends& bk, const std::string&
       const double r = o->second.rel > 0 ? f->second.rel / o->second.rel : 0.0;
       if (r >= worst_ratio) worst_ratio = r, at = si;
     }
-    if (!ran) continue;
-    contract.push_back(d + ": at most " + fmt(worst_ratio) + "x (on '" + stresses[at].name + "', " +
-                       std::to_string(finite) + " inputs)" +
-                       (onepart_nan ? ", and finite on the " + std::to_string(onepart_nan) +
-                                          " where the one-part arithmetic gives NaN/Inf"
-                                    : "") +
-                       (fast_nan ? "; FAST itself NaN/Inf on some input" : ""));
-  }
+    if (!ran) return "";
+    return fast_id + ": at most " + fmt(worst_ratio) + "x (on '" + stresses[at].name + "', " +
+           std::to_string(finite) + " inputs)" +
+           (onepart_nan ? ", and finite on the " + std::to_string(onepart_nan) +
+                              " where the one-part arithmetic gives NaN/Inf"
+                        : "") +
+           (fast_nan ? "; FAST itself NaN/Inf on some input" : "");
+  };
+  std::vector<std::string> contract;
+  for (const std::string d : {"bf16", "fp16"})
+    for (const std::string& id : {d + "-fast-model", "cuda-" + d + "-fast"})
+      if (const std::string c = contract_of(id, d); !c.empty()) contract.push_back(c);
   Section sec;
   sec.title = "6. Stress inputs";
   sec.finding = std::string("Worst stress case per column (largest error over the ") +
@@ -171,9 +175,9 @@ Section section_stress(const Config& cfg, const Backends& bk, const std::string&
                 (nan_parts.empty() ? std::string("; no stress input produced NaN/Inf.")
                                    : "; NaN/Inf appear in " + join(nan_parts, "; ") + ".") +
                 (contract.empty() ? std::string()
-                                  : " The FAST contract in the arithmetic models (FAST's error "
-                                    "over the one-part arithmetic's, flash-linear-attention's, "
-                                    "chunk64/raw): " +
+                                  : " The FAST contract (FAST's error over the one-part "
+                                    "arithmetic's, flash-linear-attention's, as modelled by "
+                                    "<dtype>-onepart-model; chunk64/raw): " +
                                         join(contract, "; ") + ".");
   std::ostringstream os;
   os << "One base sequence (" << cfg.t_stress << " tokens, dk = " << cfg.dk << ", dv = " << cfg.dv
@@ -183,7 +187,8 @@ Section section_stress(const Config& cfg, const Backends& bk, const std::string&
         "chunk64/raw | chunk64/normalized.\n\n";
   if (has_kernels(bk))
     os << "CUDA columns: token kernel | chunk kernel | n/a (the kernels run raw keys with the "
-          "Kaczmarz coefficient only).\n\n";
+          "Kaczmarz coefficient only); the -fast columns n/a | chunk kernel under arithmetic FAST "
+          "| n/a.\n\n";
   os << "The *-model columns model the kernels' tensor-core arithmetics (n/a | chunk64/raw | "
         "n/a): FAST (kla_params.arithmetic; the state and the update rounded once to the dtype) "
         "and one-part (every operand rounded once, flash-linear-attention's), in double "
