@@ -136,6 +136,69 @@ def render_cp(w, cp, note):
     w("")
 
 
+# Issue 26's table: published peer times (FlashQLA's H200 table, CUDA graphs) and our goals (ms),
+# keyed by (label, H, HV).
+RECIPE_GOALS = {
+    ("1x32768", 16, 16): ("FlashQLA 0.498", 0.40, 0.50),
+    ("4x8192", 16, 16): ("FlashQLA 0.392", 0.31, 0.40),
+    ("8x4096", 16, 16): ("FlashInfer 0.225", 0.19, 0.30),
+    ("1x32768", 16, 32): ("FlashQLA 0.877", 0.70, 0.90),
+    ("8x4096", 16, 32): ("FlashInfer 0.431", 0.35, 0.55),
+    ("1x131072", 8, 8): ("–", 0.75, 1.2),
+}
+
+
+def render_recipe(w, res, note):
+    """The peers' recipe rows of side_by_side.py (RECIPE): CUDA-graph replays and plain calls."""
+    m = res.get("meta", {})
+    rows = res["recipe"]
+    w("")
+    w("### The peers' recipe: packed sequences, CUDA graphs (issue 26's table)")
+    w("")
+    w(f"{m.get('gpu', '?')}, at `{m.get('build', {}).get('commit', '?')}`"
+      + (f" ({note})" if note else "") + ": `side_by_side.py`'s recipe rows, bf16, K = V = 128, "
+      "the peers' benchmark inputs: sequences packed with `cu_seqlens` (N×T is N packed "
+      "sequences; 'varlen' is 32 sequences of random lengths, 106 to 1771 tokens, totalling "
+      "16384), an initial state in and the final state out, q and k l2-normalised in the kernel "
+      "(`use_qk_l2norm_in_kernel`), g = logsigmoid(randn)/16 with a quarter of the value heads "
+      "undecayed, β = sigmoid(randn) (our η in the Kaczmarz rows, β in the given-β rows, which "
+      "are exactly the peers' computation). Both libraries through their Python functions "
+      "(`kla.chunk_kla` / `kla.chunk_gated_delta_rule` with `cu_seqlens_cpu`; FLA's "
+      "`chunk_gated_delta_rule`); **graph** = median replay time per call of a captured CUDA "
+      "graph of several calls (launch overhead gone: kernel to kernel), plain = calls from "
+      "Python one after another (host cost included). ms; ratio = FLA / ours, graph times. "
+      "Published peers and goals: issue 26 (FlashQLA's H200 table, CUDA graphs). Floor = q, k, v "
+      "read and o written in bf16, g and β in fp32, the states read and written in fp32, at "
+      "this run's copy rate.")
+    w("")
+    w("| rows | H/HV | plan ACCURATE / FAST | ours Kaczmarz ACCURATE | ours Kaczmarz FAST | "
+      "ours given-β ACCURATE | ours given-β FAST | FLA | ratio (given-β ACCURATE / FAST) | "
+      "published peer | goal FAST / ACCURATE | floor | ours % floor (best) | plain: ours "
+      "given-β ACCURATE, FLA | rel RMS o / state vs FLA |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        g = lambda k: r.get(k)
+        peer, gf, ga = RECIPE_GOALS.get((r["label"], r["H"], r["HV"]), ("–", None, None))
+        best = min([x for x in (g("ours given accurate graph"), g("ours given fast graph"),
+                                g("ours kaczmarz accurate graph"), g("ours kaczmarz fast graph"))
+                    if x], default=None)
+        w(f"| {r['label']} | {r['H']}/{r['HV']} | {g('plan kaczmarz accurate') or '–'} / "
+          f"{g('plan kaczmarz fast') or '–'} | {f(g('ours kaczmarz accurate graph'), '.3f')} | "
+          f"{f(g('ours kaczmarz fast graph'), '.3f')} | "
+          f"{f(g('ours given accurate graph'), '.3f')} | {f(g('ours given fast graph'), '.3f')} | "
+          f"{f(g('fla graph'), '.3f')} | {f(g('ours given accurate ratio_graph'), '.2f')} / "
+          f"{f(g('ours given fast ratio_graph'), '.2f')} | {peer} | "
+          f"{f(gf, '.2f')} / {f(ga, '.2f')} | {r['floor']:.3f} | "
+          f"{f(r['floor'] / best if best else None, '.1%')} | "
+          f"{f(g('ours given accurate plain'), '.3f')}, {f(g('fla plain'), '.3f')} | "
+          f"{f(g('rel_rms_o_given_vs_fla'), '.1e')} / {f(g('rel_rms_state_given_vs_fla'), '.1e')} |")
+    errs = [(r["label"], k, v) for r in rows for k, v in r.items() if k.endswith("error")]
+    if errs:
+        w("")
+        for label, k, v in errs:
+            w(f"- {label}, {k}: {str(v).splitlines()[0][:300]}")
+
+
 def merge_cp(runs):
     """One cp.json from several bench_cp.py runs on one machine: the first run's header, every
     run's rows ordered by tokens then GPUs, and each run's arguments."""
@@ -158,6 +221,9 @@ def main():
     ap.add_argument("--reference", help="kla_bench_reference's JSON output (CPU costs)")
     ap.add_argument("--overhead", help="kla._bench_overhead's JSON output (Python host cost)")
     ap.add_argument("--overhead-note", default="", help="where and at which commit it ran")
+    ap.add_argument("--recipe", help="a side_by_side.py output folder whose recipe rows "
+                    "(--only recipe) to show, when they come from another run than OUTDIR's")
+    ap.add_argument("--recipe-note", default="", help="where and at which commit it ran")
     ap.add_argument("--backward", help="bench/bench_backward.py's output folder (backward.json)")
     ap.add_argument("--backward-note", default="", help="where and at which commit it ran")
     ap.add_argument("--cp", nargs="+", help="bench/bench_cp.py's output folders (cp.json; "
@@ -289,6 +355,12 @@ def main():
         if m.get("beta_note"):
             w("")
             w("Note: " + m["beta_note"])
+    rec_src = load_json(os.path.join(args.recipe, "side_by_side.json")) if args.recipe else sbs
+    if rec_src and rec_src.get("recipe"):
+        if args.recipe:
+            shutil.copyfile(os.path.join(args.recipe, "side_by_side.json"),
+                            os.path.join(plots_dir, "recipe.json"))
+        render_recipe(w, rec_src, args.recipe_note)
         if sbs.get("skipped") or sbs.get("errors"):
             w("")
             w("Not measured in this run:")

@@ -51,6 +51,23 @@ PREFILL = [  # (B, T, H, K, V)
     (1, 32768, 12, 96, 192),  # the paper's model shape
 ]
 SWEEP_T = [2048, 4096, 8192, 16384, 32768, 65536, 131072]  # bf16, B=1, H=16, K=V=128
+# The peers' benchmark inputs (FlashQLA's and FlashInfer's tables, issue 26), K = V = 128:
+# sequences packed with cu_seqlens ("8x4096" is eight packed sequences), an initial state in and
+# the final state out, q and k l2-normalised in the kernel, g = logsigmoid(randn) / 16 with a
+# quarter of the value heads undecayed, beta = sigmoid(randn). (label, lengths, H, HV); lengths
+# None: RECIPE_VARLEN's random lengths.
+RECIPE = [
+    ("1x32768", [32768], 16, 16),
+    ("4x8192", [8192] * 4, 16, 16),
+    ("8x4096", [4096] * 8, 16, 16),
+    ("1x32768", [32768], 16, 32),
+    ("8x4096", [4096] * 8, 16, 32),
+    ("1x131072", [131072], 8, 8),
+    ("1x2048", [2048], 16, 16),
+    ("1x4096", [4096], 16, 16),
+    ("32 short (varlen)", None, 16, 16),
+]
+RECIPE_VARLEN = (32, 16384)  # sequences, total tokens: random lengths (at least 64 each)
 DECODE_B = [1, 8, 64, 256]  # H=16, K=V=128, one token
 
 
@@ -86,6 +103,8 @@ class Runner:
         self.t0 = time.time()
         self.budget = args.budget
         self.lib = kc.KlaLibrary(args.lib)
+        # The package's own calls (kla.chunk_kla, the recipe rows) load the same library.
+        os.environ["KLA_CUDA_LIBRARY"] = os.path.abspath(args.lib)
         self.dev = torch.device("cuda")
         # "... fast": kla_params.arithmetic = FAST (ours only; FLA runs its one arithmetic).
         self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -390,6 +409,105 @@ class Runner:
             f"({100 * r['ours_frac']:.0f}% / {100 * r['fla_frac']:.0f}%), rel RMS "
             f"{r['rel_rms_ours_fla']:.1e}, sets {n}")
 
+    def recipe(self, label, lens, H, HV, dname="bf16"):
+        """One row of the peers' recipe (RECIPE): ours (Kaczmarz coefficient, and the given-beta
+        function, which is the peers' computation; ACCURATE and FAST) and FLA's given-beta
+        chunk_gated_delta_rule on the same tensors, through the Python APIs (kla.chunk_kla,
+        kla.chunk_gated_delta_rule; cu_seqlens_cpu given, so no host synchronisation), timed as
+        plain calls from Python and as replays of a captured CUDA graph (launch overhead gone:
+        kernel to kernel)."""
+        torch = self.torch
+        import kla
+        F = torch.nn.functional
+        K = V = 128
+        dtype = self.dtypes[dname]
+        dev = self.dev
+        if lens is None:
+            n_seq, total = RECIPE_VARLEN
+            import random
+            rest = total - 64 * n_seq  # 64 tokens each, the rest cut at random points
+            cuts = sorted(random.Random(2026).sample(range(1, rest), n_seq - 1))
+            lens = [b - a + 64 for a, b in zip([0] + cuts, cuts + [rest])]
+        T, N = sum(lens), len(lens)
+        cu_cpu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(N)], dtype=torch.int64)
+        cu = cu_cpu.to(dev)
+
+        def make():
+            g = F.logsigmoid(torch.randn(1, T, HV, device=dev)) / 16
+            g[..., : HV // 4] = 0.0  # a quarter of the value heads undecayed
+            beta = torch.sigmoid(torch.randn(1, T, HV, device=dev)).to(dtype)  # FLA's input
+            return {"q": torch.randn(1, T, H, K, device=dev).to(dtype),
+                    "k": torch.randn(1, T, H, K, device=dev).to(dtype),
+                    "v": torch.randn(1, T, HV, V, device=dev).to(dtype), "g": g, "beta": beta,
+                    "beta32": beta.float(),  # ours: the same values in fp32 (eta or beta)
+                    "h0": 0.1 * torch.randn(N, HV, K, V, device=dev)}
+        first = make()
+        sets = [first] + [make() for _ in range(self.n_sets(self.set_bytes(first), cap=16) - 1)]
+        n = len(sets)
+        calls = max(n, 4)
+        common = dict(scale=K ** -0.5, output_final_state=True, cu_seqlens=cu,
+                      use_qk_l2norm_in_kernel=True)
+
+        def ours(s, coefficient, arithmetic):
+            if coefficient == "given":
+                return kla.chunk_gated_delta_rule(s["q"], s["k"], s["v"], s["g"], s["beta32"],
+                                                  initial_state=s["h0"], cu_seqlens_cpu=cu_cpu,
+                                                  arithmetic=arithmetic, **common)
+            return kla.chunk_kla(s["q"], s["k"], s["v"], s["g"], s["beta32"], eps=EPS,
+                                 initial_state=s["h0"], cu_seqlens_cpu=cu_cpu,
+                                 arithmetic=arithmetic, **common)
+
+        def fla(s):
+            return self.fla_chunk(s["q"], s["k"], s["v"], s["g"], s["beta"],
+                                  initial_state=s["h0"], **common)
+
+        es = torch.finfo(dtype).bits // 8
+        # q, k, v read and o written in the dtype, g and beta in fp32, the states read + written
+        floor_ms = 1e3 * (T * (H * 2 * K * es + HV * (2 * V * es + 8)) +
+                          2 * N * HV * K * V * 4) / self.copy_bps
+        r = {"label": label, "dtype": dname, "N": N, "T": T, "H": H, "HV": HV, "K": K, "V": V,
+             "lengths": lens, "sets": n, "calls_per_graph": calls, "floor": floor_ms}
+        self.res.setdefault("recipe", []).append(r)
+        for coefficient in ("kaczmarz", "given"):
+            for arithmetic in ("accurate", "fast"):
+                key = f"{coefficient} {arithmetic}"
+                try:
+                    pl = kla.plan(first["q"], first["k"], first["v"], first["g"], first["beta32"],
+                                  cu_seqlens=cu, initial_state=first["h0"],
+                                  coefficient=coefficient, arithmetic=arithmetic)
+                    r[f"plan {key}"] = plan_label({"path": pl.path, "value_slice": pl.value_slice,
+                                                   "arithmetic": pl.arithmetic})
+                    fn = lambda i, c=coefficient, a=arithmetic: ours(sets[i % n], c, a)
+                    r[f"ours {key} plain"] = self.median_ms(fn)
+                    r[f"ours {key} graph"] = 1e-3 * self.graph_us(fn, calls)
+                except Exception as e:
+                    r[f"ours {key} error"] = f"{type(e).__name__}: {e}"[:500]
+                    log(f"recipe {label} ours {key}: {r[f'ours {key} error']}")
+                self.save()
+        try:
+            r["fla plain"] = self.median_ms(lambda i: fla(sets[i % n]))
+            r["fla graph"] = 1e-3 * self.graph_us(lambda i: fla(sets[i % n]), calls)
+        except Exception as e:
+            r["fla error"] = f"{type(e).__name__}: {e}"[:500]
+            log(f"recipe {label} FLA: {r['fla error']}")
+        # Same computation: ours given-beta ACCURATE against FLA, output and final state.
+        try:
+            o, hT = ours(first, "given", "accurate")
+            o_f, hT_f = fla(first)
+            r["rel_rms_o_given_vs_fla"] = rel_rms(o, o_f)
+            r["rel_rms_state_given_vs_fla"] = rel_rms(hT, hT_f)
+            r["ours_finite"] = bool(torch.isfinite(o).all().item())
+        except Exception as e:
+            r["compare error"] = f"{type(e).__name__}: {e}"[:500]
+        for k in [k for k in r if k.startswith("ours ")]:
+            if k.endswith(" graph") and r.get(k) and r.get("fla graph"):
+                r[k.replace(" graph", " ratio_graph")] = r["fla graph"] / r[k]
+            if k.endswith(" plain") and r.get(k) and r.get("fla plain"):
+                r[k.replace(" plain", " ratio_plain")] = r["fla plain"] / r[k]
+        log(f"recipe {label} {H}/{HV} {dname}: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in r.items()
+            if isinstance(v, float) and (k.endswith("plain") or k.endswith("graph"))))
+
     def decode(self, dname, B, H=16, K=128, V=128):
         torch = self.torch
         dtype = self.dtypes[dname]
@@ -459,6 +577,9 @@ class Runner:
         for d in ("fp16", "fp32", "fp32 fast"):  # bf16 / fp16 FAST: only the transposed rows differ
             for c in others:
                 self.step(f"prefill {d} {c}", lambda d=d, c=c: self.prefill(d, *c), need=30)
+        for label, lens, H, HV in RECIPE:
+            self.step(f"recipe bf16 {label} {H}/{HV}",
+                      lambda a=(label, lens, H, HV): self.recipe(*a), need=30)
         self.res["meta"]["elapsed_s"] = time.time() - self.t0
         self.save()
         print_table(self.res)
@@ -499,6 +620,12 @@ def print_table(res):
               f"{r['floor']:.1f} | {fmt(r.get('ours_frac'), '.1%')} | "
               f"{fmt(r.get('fla_frac'), '.1%')} | {fmt(r.get('ours_plain'), '.1f')} | "
               f"{fmt(r.get('fla_plain'), '.1f')} | {fmt(r.get('rel_rms_ours_fla'), '.1e')} |")
+    if res.get("recipe"):
+        print("\npeers' recipe, bf16 (ms; graph replay | plain)")
+        for r in res["recipe"]:
+            cells = [f"{k} {r[k]:.3f}" for k in r
+                     if k.endswith((" graph", " plain")) and isinstance(r[k], float)]
+            print(f"{r['label']} {r['H']}/{r['HV']}: " + ", ".join(cells))
     for s in res["skipped"]:
         print("skipped:", s)
     for e in res["errors"]:
