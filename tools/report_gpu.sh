@@ -102,6 +102,7 @@ esac
 cd "$ROOT"
 [[ -x $DIST/kla_report ]] || { echo "no $DIST/kla_report: run 'bash tools/report_gpu.sh stage' first (and carry build-report-gpu/dist)" >&2; exit 1; }
 OUTDIR=${OUT:-}
+[[ -z $OUTDIR ]] || mkdir -p "$OUTDIR"  # a folder under the device tool's $OUT may not exist yet
 LOG=${OUTDIR:-$DIST}/report-gpu.log
 export LD_LIBRARY_PATH=$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi -L 2>&1 | tee "$LOG" || true

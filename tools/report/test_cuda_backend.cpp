@@ -3,9 +3,9 @@
 // every ACCURATE column on small problems (head dims that need padding included) through both
 // entry points and the per-token trace, against a double-precision tokenwise loop on the same
 // rounded inputs; and every FAST column (chunk kernel only) against the CPU model of its
-// arithmetic (arith_models.cpp): it must be that arithmetic (near the FAST model, far from
-// ACCURATE's and from the one-part arithmetic's error) and keep the FAST contract (no larger an
-// error than the one-part model's). Exit status 0 = passed, 1 = failed.
+// arithmetic (arith_models.cpp): its error must be that arithmetic's (within 5% of the FAST
+// model's, far from ACCURATE's and from the one-part arithmetic's) and keep the FAST contract (no
+// larger an error than the one-part model's). Exit status 0 = passed, 1 = failed.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -151,20 +151,23 @@ int main() {
         const double eo = rel(r.o, ref.o), es = rel(r.state, ref.state);
         const double fo = rel(f.o, ref.o), fs = rel(f.state, ref.state);
         const double oo = rel(o.o, ref.o), os = rel(o.state, ref.state);
-        const double dso = rel(r.o, f.o), dss = rel(r.state, f.state);  // dso: printed only
+        const double dso = rel(r.o, f.o), dss = rel(r.state, f.state);  // printed only
         std::printf(
-            "  %-40s o %.2e (model %.2e, one-part %.2e, kernel-model %.2e)  state %.2e "
-            "(model %.2e, one-part %.2e, kernel-model %.2e)\n",
+            "  %-40s o %.2e (model %.2e, one-part %.2e; kernel-model %.2e)  state %.2e "
+            "(model %.2e, one-part %.2e; kernel-model %.2e)\n",
             what.c_str(), eo, fo, oo, dso, es, fs, os, dss);
         // The contract: no larger an error than the one-part arithmetic's (its model).
         check(eo <= oo && es <= os, what + ": FAST above the one-part arithmetic");
-        // The arithmetic modelled: the final state (fp32, no output rounding between) agrees
-        // with the model's to a quarter of the model's own error, where ACCURATE (error ~1e-6)
-        // and the one-part arithmetic differ from the model by about its error or more. (Kernel
-        // and model round the state to the dtype at values a few fp32 ulps apart, so a few
-        // roundings fall the other way: ~0.1 of the error expected.) The outputs, rounded to
-        // the dtype last, flip more often than that and are held to the contract only.
-        check(dss <= 0.25 * fs, what + ": state not the FAST model's arithmetic");
+        // The arithmetic modelled: the kernel's error is the FAST model's, within 5% (measured on
+        // an H100: within 1.1%), where ACCURATE's is ~1e-3 of it and the one-part arithmetic's
+        // 1.28-2.0 times it on these problems. Not element by element: kernel and model round
+        // the state at values a few fp32 ulps apart, a few roundings fall the other way, and
+        // with the state's memory those differences grow chunk by chunk to a fair part of the
+        // error itself (kernel - model measured 0.001-0.63 of the model's error) while its size
+        // stays the model's.
+        const double band = 0.05;
+        check(std::fabs(eo / fo - 1) <= band, what + ": output error not the FAST model's");
+        check(std::fabs(es / fs - 1) <= band, what + ": state error not the FAST model's");
       }
       continue;
     }
