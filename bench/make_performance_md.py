@@ -206,7 +206,8 @@ def merge_cp(runs):
     if not runs:
         return None
     out = {k: v for k, v in runs[0].items() if k not in ("rows", "args")}
-    out["runs"] = [r.get("args", {}) for r in runs]
+    # an already merged cp.json (docs/performance's) keeps the runs it lists
+    out["runs"] = [a for r in runs for a in (r.get("runs") or [r.get("args", {})])]
     out["rows"] = sorted((row for r in runs for row in r.get("rows", [])),
                          key=lambda row: (row.get("sequences", 1), row["tokens"], row["gpus"]))
     return out
