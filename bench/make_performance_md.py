@@ -225,6 +225,8 @@ def main():
     ap.add_argument("--recipe", help="a side_by_side.py output folder whose recipe rows "
                     "(--only recipe) to show, when they come from another run than OUTDIR's")
     ap.add_argument("--recipe-note", default="", help="where and at which commit it ran")
+    ap.add_argument("--recipe-why", help="a Markdown file shown under the recipe table (why the "
+                    "rows miss their goals; bench/notes/recipe_why.md)")
     ap.add_argument("--backward", help="bench/bench_backward.py's output folder (backward.json)")
     ap.add_argument("--backward-note", default="", help="where and at which commit it ran")
     ap.add_argument("--cp", nargs="+", help="bench/bench_cp.py's output folders (cp.json; "
@@ -362,6 +364,10 @@ def main():
             shutil.copyfile(os.path.join(args.recipe, "side_by_side.json"),
                             os.path.join(plots_dir, "recipe.json"))
         render_recipe(w, rec_src, args.recipe_note)
+        if args.recipe_why:
+            w("")
+            with open(args.recipe_why) as fh:
+                w(fh.read().rstrip())
         if sbs.get("skipped") or sbs.get("errors"):
             w("")
             w("Not measured in this run:")
