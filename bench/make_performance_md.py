@@ -111,7 +111,9 @@ def render_cp(w, cp, note):
             a, b = r["given_beta"].get("kla", {}), r["given_beta"].get("fla", {})
 
             def cell(d, key):
-                return f(d.get(key), ".2f") if "error" not in d else "failed"
+                if d.get(key) is not None:
+                    return f(d[key], ".2f")
+                return "OOM" if "OutOfMemory" in d.get("error", "") else "failed"
 
             def rr(key):
                 x, y = a.get(key), b.get(key)
@@ -208,8 +210,14 @@ def merge_cp(runs):
     out = {k: v for k, v in runs[0].items() if k not in ("rows", "args")}
     # an already merged cp.json (docs/performance's) keeps the runs it lists
     out["runs"] = [a for r in runs for a in (r.get("runs") or [r.get("args", {})])]
-    out["rows"] = sorted((row for r in runs for row in r.get("rows", [])),
-                         key=lambda row: (row.get("sequences", 1), row["tokens"], row["gpus"]))
+    # One row a case: where two runs measured the same (sequences, tokens, GPUs), the first
+    # run's values stand and the other's add what it alone has (FLA beside, say).
+    rows = {}
+    for r in runs:
+        for row in r.get("rows", []):
+            key = (row.get("sequences", 1), row["tokens"], row["gpus"])
+            rows[key] = {**row, **rows[key]} if key in rows else dict(row)
+    out["rows"] = [rows[k] for k in sorted(rows)]
     return out
 
 
