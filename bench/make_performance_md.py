@@ -150,6 +150,19 @@ RECIPE_GOALS = {
 }
 
 
+# Dense bf16 tensor-core peak (FLOP/s) of the GPUs the runs use (NVIDIA's data sheets, SXM).
+TC_PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}
+
+
+def nominal_flops(lengths, HV, K, V, C=64):
+    """The chunkwise algorithm's tensor products once each, one part (FLA's count), for packed
+    sequences of these lengths: per chunk and value head K Kᵀ, Q Kᵀ, W = T K (C·C·K each),
+    U = T V, the intra-chunk (P T) U (C·C·V each), W S, Q S, Kᵀ U (C·K·V each) and the
+    triangular solve (C³/3 multiply-adds)."""
+    chunks = sum((n + C - 1) // C for n in lengths) * HV
+    return chunks * (2 * C * C * K * 3 + 2 * C * C * V * 2 + 2 * C * K * V * 3 + 2 * C ** 3 / 3)
+
+
 def render_recipe(w, res, note):
     """The peers' recipe rows of side_by_side.py (RECIPE): CUDA-graph replays and plain calls."""
     m = res.get("meta", {})
@@ -171,19 +184,27 @@ def render_recipe(w, res, note):
       "Python one after another (host cost included). ms; ratio = FLA / ours, graph times. "
       "Published peers and goals: issue 26 (FlashQLA's H200 table, CUDA graphs). Floor = q, k, v "
       "read and o written in bf16, g and β in fp32, the states read and written in fp32, at "
-      "this run's copy rate.")
+      "this run's copy rate. TC peak = the nominal tensor work (`nominal_flops`: the chunkwise "
+      "algorithm's products once each in one part, FLA's count) over the GPU's dense bf16 peak "
+      "(989 TFLOPS), at the best time; ACCURATE runs up to three times that work on the tensor "
+      "cores (split operands), FAST about two.")
     w("")
     w("| rows | H/HV | plan ACCURATE / FAST | ours Kaczmarz ACCURATE | ours Kaczmarz FAST | "
       "ours given-β ACCURATE | ours given-β FAST | FLA | ratio (given-β ACCURATE / FAST) | "
       "published peer | goal FAST / ACCURATE | floor | ours % floor (best) | plain: ours "
-      "given-β ACCURATE, FLA | rel RMS o / state vs FLA |")
-    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "given-β ACCURATE, FLA | TC peak: ours best, FLA | rel RMS o / state vs FLA |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    peak = next((v for k, v in TC_PEAK_BF16.items() if k in m.get("gpu", "")), None)
     for r in rows:
         g = lambda k: r.get(k)
         peer, gf, ga = RECIPE_GOALS.get((r["label"], r["H"], r["HV"]), ("–", None, None))
         best = min([x for x in (g("ours given accurate graph"), g("ours given fast graph"),
                                 g("ours kaczmarz accurate graph"), g("ours kaczmarz fast graph"))
                     if x], default=None)
+        work = nominal_flops(r["lengths"], r["HV"], r["K"], r["V"])
+
+        def tc(ms):
+            return f(work / (ms * 1e-3) / peak if ms and peak else None, ".1%")
         w(f"| {r['label']} | {r['H']}/{r['HV']} | {g('plan kaczmarz accurate') or '–'} / "
           f"{g('plan kaczmarz fast') or '–'} | {f(g('ours kaczmarz accurate graph'), '.3f')} | "
           f"{f(g('ours kaczmarz fast graph'), '.3f')} | "
@@ -193,6 +214,7 @@ def render_recipe(w, res, note):
           f"{f(gf, '.2f')} / {f(ga, '.2f')} | {r['floor']:.3f} | "
           f"{f(r['floor'] / best if best else None, '.1%')} | "
           f"{f(g('ours given accurate plain'), '.3f')}, {f(g('fla plain'), '.3f')} | "
+          f"{tc(best)}, {tc(g('fla graph'))} | "
           f"{f(g('rel_rms_o_given_vs_fla'), '.1e')} / {f(g('rel_rms_state_given_vs_fla'), '.1e')} |")
     errs = [(r["label"], k, v) for r in rows for k, v in r.items() if k.endswith("error")]
     if errs:
