@@ -81,6 +81,13 @@ def plan_label(plan):
     return f"{plan['path']}/{plan['value_slice']}{fast}"
 
 
+def floor_bytes(head_tokens, H, HV, K, V, es, states=0):
+    """The fewest bytes of a call (the module docstring's floors): q, k read and o, v read /
+    written once in the dtype (es bytes), g and eta in fp32, per token of H key heads / HV value
+    heads; plus `states` fp32 [K, V] states read and written."""
+    return head_tokens * (H * 2 * K * es + HV * (2 * V * es + 8)) + states * K * V * 4 * 2
+
+
 def rel_rms(a, b):
     a = a.double()
     b = b.double()
@@ -383,7 +390,7 @@ class Runner:
                           for _ in range(self.n_sets(self.set_bytes(first), cap=32) - 1)]
         n = len(sets)
         es = torch.finfo(dtype).bits // 8
-        floor_ms = 1e3 * B * T * (H * 2 * K * es + H * (2 * V * es + 8)) / self.copy_bps
+        floor_ms = 1e3 * floor_bytes(B * T, H, H, K, V, es) / self.copy_bps
         r = {"dtype": dname, "B": B, "T": T, "H": H, "K": K, "V": V, "sets": n, "sweep": sweep,
              "floor": floor_ms, "workspace_MB": 0 if ws is None else ws.numel() / 1e6}
         self.res["prefill"].append(r)
@@ -463,8 +470,7 @@ class Runner:
 
         es = torch.finfo(dtype).bits // 8
         # q, k, v read and o written in the dtype, g and beta in fp32, the states read + written
-        floor_ms = 1e3 * (T * (H * 2 * K * es + HV * (2 * V * es + 8)) +
-                          2 * N * HV * K * V * 4) / self.copy_bps
+        floor_ms = 1e3 * floor_bytes(T, H, HV, K, V, es, states=N * HV) / self.copy_bps
         r = {"label": label, "dtype": dname, "N": N, "T": T, "H": H, "HV": HV, "K": K, "V": V,
              "lengths": lens, "sets": n, "calls_per_graph": calls, "floor": floor_ms}
         self.res.setdefault("recipe", []).append(r)
@@ -475,8 +481,7 @@ class Runner:
                     pl = kla.plan(first["q"], first["k"], first["v"], first["g"], first["beta32"],
                                   cu_seqlens=cu, initial_state=first["h0"],
                                   coefficient=coefficient, arithmetic=arithmetic)
-                    r[f"plan {key}"] = plan_label({"path": pl.path, "value_slice": pl.value_slice,
-                                                   "arithmetic": pl.arithmetic})
+                    r[f"plan {key}"] = plan_label(vars(pl))
                     fn = lambda i, c=coefficient, a=arithmetic: ours(sets[i % n], c, a)
                     r[f"ours {key} plain"] = self.median_ms(fn)
                     r[f"ours {key} graph"] = 1e-3 * self.graph_us(fn, calls)
@@ -517,8 +522,7 @@ class Runner:
         n = len(sets)
         calls = max(n, 16)
         es = torch.finfo(dtype).bits // 8
-        floor_bytes = B * (H * 2 * K * es + H * (2 * V * es + 8)) + B * H * K * V * 4 * 2
-        floor_us = 1e6 * floor_bytes / self.copy_bps
+        floor_us = 1e6 * floor_bytes(B, H, H, K, V, es, states=B * H) / self.copy_bps
         r = {"dtype": dname, "B": B, "H": H, "K": K, "V": V, "sets": n, "calls_per_graph": calls,
              "floor": floor_us}
         self.res["decode"].append(r)

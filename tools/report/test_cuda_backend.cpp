@@ -121,10 +121,12 @@ int main() {
   for (const auto& b : cols) {
     if (!b->has_trace()) {  // a FAST column
       const Backend* fm = model(b->model_id());
-      const Backend* om = model(b->model_id().substr(0, 4) + "-onepart-model");
+      const std::string d = storage_name(b->storage());
+      const Backend* om = model(d + "-onepart-model");
       check(fm && om, b->id() + ": no FAST / one-part model column (" + b->model_id() + ")");
       if (!fm || !om) continue;
-      check(b->id() == "cuda-" + b->model_id().substr(0, 4) + "-fast", b->id() + ": unexpected id");
+      check(b->id() == "cuda-" + d + "-fast" && b->model_id() == d + "-fast-model",
+            b->id() + ": unexpected id or model");
       check(b->supports(Algo{true, 64, false}) && !b->supports(Algo{false, 64, false}) &&
                 !b->supports(Algo{true, 64, true}),
             b->id() + " must run chunk64/raw only");
