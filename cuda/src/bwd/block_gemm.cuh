@@ -4,9 +4,10 @@
 // = x - hi); B by the cheap split: hi is the fp32 value itself, of which the tensor core reads the
 // TF32 bits (it ignores the low 13), and lo = x - trunc_tf32(x) is exact in fp32 and read the same
 // way. Each operand keeps about 21 significant bits (relative error below 2^-21 a product: fp32
-// grade, as the forward's TF32 path). Each warp owns 16 x 32 output tiles (16 x 8 where N is not
-// a multiple of 32) and sums over the inner dimension in index order, so the same inputs give
-// bitwise the same result whatever the block's size (no atomics, no split of the inner sum).
+// grade, as the forward's TF32 path). Each warp owns 16 x 8 NT output tiles (BwdTiles: NT = 4, or
+// the widest that still gives every warp a tile) and sums over the inner dimension in index order:
+// every output element is the same three chains over k whatever NT and the block's size, so the
+// result is bitwise the same (no atomics, no split of the inner sum).
 // Operands are addressed by pointer and row pitch: A and B live in shared memory, C in shared or
 // global memory.
 //   op(A)(i, k) = TA ? A[k * lda + i] : A[i * lda + k]      [M x KD]
@@ -43,8 +44,32 @@ __device__ __forceinline__ FragB bwd_frag_b(const float* s, int P, int k0, int n
   return f;
 }
 
-/// The units of block_gemm: 16 x (8 NT) output tiles.
-template <bool TA, bool TB, bool kAccumulate, int NT>
+/// B fragment of an operand exact in TF32 (raw bf16 / fp16 values): one part, lo = 0.
+template <bool TB>
+__device__ __forceinline__ FragB bwd_frag_b_exact(const float* s, int P, int k0, int n0, int g,
+                                                  int t) {
+  FragB f;
+  if (TB) {
+    const float2 a = *reinterpret_cast<const float2*>(s + (n0 + g) * P + k0 + 2 * t);
+    f.h[0] = __float_as_uint(a.x), f.h[1] = __float_as_uint(a.y);
+  } else {
+    f.h[0] = __float_as_uint(s[(k0 + 2 * t) * P + n0 + g]);
+    f.h[1] = __float_as_uint(s[(k0 + 2 * t + 1) * P + n0 + g]);
+  }
+  f.l[0] = f.l[1] = 0u;
+  return f;
+}
+
+/// How block_gemm cuts C into warp tiles. kEveryWarp: the widest tile (16 x 32, 16 x 16, 16 x 8)
+/// that still gives every warp one (a 64 x 32 product on 8 warps runs as 8 tiles of 16 x 16, not 4
+/// of 16 x 32 with 4 warps waiting at the next barrier). kWidest: 16 x 32 (16 x 8 where N is not a
+/// multiple of 32), the fewest fragment loads and splits, idle warps on small products.
+enum class BwdTiles { kWidest, kEveryWarp };
+
+/// The units of block_gemm: 16 x (8 NT) output tiles. kExactB: B holds values exact in TF32 (raw
+/// 16-bit inputs), so its lo part is zero and the product A_hi B_lo is skipped (its chain stays
+/// +0, as the skipped products would have left it for finite inputs).
+template <bool TA, bool TB, bool kAccumulate, int NT, int kUnroll, bool kExactB>
 __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const float* __restrict__ A,
                                                  int lda, const float* __restrict__ B, int ldb,
                                                  float* C, int ldc, float alpha) {
@@ -54,13 +79,15 @@ __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const flo
   for (int u = warp; u < units; u += nwarps) {
     const int i0 = (u / un) * 16, n0 = (u % un) * 8 * NT;
     float d[NT][3][4] = {};  // [n tile][chain][element]
+#pragma unroll kUnroll
     for (int k = 0; k < KD; k += 8) {
       const FragA a =
           TA ? load_a_t_perm<true>(A, lda, i0, k, g, t) : load_a_perm<true>(A, lda, i0, k, g, t);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const FragB b = bwd_frag_b<TB>(B, ldb, k, n0 + 8 * j, g, t);
-        mma3<true, true>(d[j][0], d[j][1], d[j][2], a, b);
+        const FragB b = kExactB ? bwd_frag_b_exact<TB>(B, ldb, k, n0 + 8 * j, g, t)
+                                : bwd_frag_b<TB>(B, ldb, k, n0 + 8 * j, g, t);
+        mma3<true, !kExactB>(d[j][0], d[j][1], d[j][2], a, b);
       }
     }
 #pragma unroll
@@ -74,14 +101,23 @@ __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const flo
   }
 }
 
-template <bool TA, bool TB, bool kAccumulate>
+/// C = alpha op(A) op(B) (+ C) by the whole block; see the top of this file.
+template <bool TA, bool TB, bool kAccumulate, BwdTiles kTiles = BwdTiles::kEveryWarp,
+          int kUnroll = 2, bool kExactB = false>
 __device__ __forceinline__ void block_gemm(int M, int N, int KD, const float* __restrict__ A,
                                            int lda, const float* __restrict__ B, int ldb, float* C,
                                            int ldc, float alpha) {
-  if (N % 32 == 0) {
-    block_gemm_units<TA, TB, kAccumulate, 4>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
+  const int warps = int(blockDim.x >> 5), rows = M / 16;
+  constexpr bool every = kTiles == BwdTiles::kEveryWarp;
+  if (N % 32 == 0 && (!every || rows * (N / 32) >= warps)) {
+    block_gemm_units<TA, TB, kAccumulate, 4, kUnroll, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
+                                                               alpha);
+  } else if (every && N % 16 == 0 && rows * (N / 16) >= warps) {
+    block_gemm_units<TA, TB, kAccumulate, 2, kUnroll, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
+                                                               alpha);
   } else {
-    block_gemm_units<TA, TB, kAccumulate, 1>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
+    block_gemm_units<TA, TB, kAccumulate, 1, kUnroll, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
+                                                               alpha);
   }
 }
 

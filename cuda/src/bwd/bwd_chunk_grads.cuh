@@ -35,6 +35,9 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
   if (pt.L == 0) return;
   const int L = pt.L, hv = pt.hv, h = pt.h;
   const BwdRecord R(K, V);
+  // Products on 16 x 32 warp tiles (BwdTiles::kWidest): the narrower tiles that keep every warp
+  // busy in the scans and the prep measured slower here (docs/prefill_notes.md, backward v9).
+  constexpr BwdTiles kGT = BwdTiles::kWidest;
   float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
   // Shared memory (bwd_grads_smem): the [C][K] accumulators, the [C][C] matrices, a region for
   // the V panels and then the K^, Q^ tiles, the scalars.
@@ -87,19 +90,20 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
     bwd_load_rows(dYp, PP, dOb + c0, bp.dos, pt.sr.b, pt.tb, hv, L, VP);
     cp_wait<0>();
     __syncthreads();
-    block_gemm<true, false, false>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);  // dR = A^-T dU
+    // dR = A^-T dU
+    block_gemm<true, false, false, kGT>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);
     // sum(dS o S) in kBwdCarryParts fixed parts (red), whatever the block's size.
     for (int idx = tid; tid < kBwdCarryParts && idx < K * VP; idx += kBwdCarryParts) {
       const int r = idx / VP, cc = idx % VP;
       carry = fmaf(Sp[r * PP + cc], dSp[r * PP + cc], carry);
     }
-    block_gemm<false, true, true>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // + dY U^T
-    block_gemm<false, true, true>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);  // + dY S^T
-    block_gemm<false, true, true>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);  // + U dS^T
-    __syncthreads();                                                        // dR is complete
+    block_gemm<false, true, true, kGT>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // + dY U^T
+    block_gemm<false, true, true, kGT>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);  // + dY S^T
+    block_gemm<false, true, true, kGT>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);  // + U dS^T
+    __syncthreads();                                                             // dR is complete
     bwd_store_rows(rec + R.du + c0, V, dRp, PP, C, VP);
-    block_gemm<false, true, true>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // + dR U^T
-    block_gemm<false, true, true>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);  // + dR S^T
+    block_gemm<false, true, true, kGT>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // + dR U^T
+    block_gemm<false, true, true, kGT>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);  // + dR S^T
   }
   __syncthreads();
   float* Khs = Rg;            // [C][PK]
@@ -117,7 +121,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
   }
   cp_wait<0>();
   __syncthreads();
-  block_gemm<false, true, false>(C, C, K, Qhs, PK, Khs, PK, Ai, PC, 1.f);  // Q^ K^^T
+  block_gemm<false, true, false, kGT>(C, C, K, Qhs, PK, Khs, PK, Ai, PC, 1.f);  // Q^ K^^T
   // Row terms: e^G_i q^_i.(S dy_i), z_i, and k^_i.(S dR_i), one warp per token.
   for (int i = warp; i < C; i += kBwdChunkThreads / 32) {
     float a = 0.f, zk = 0.f, c = 0.f;
@@ -160,7 +164,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
     rq = rx - cx;
   }
   __syncthreads();
-  block_gemm<false, true, false>(C, C, K, Khs, PK, Khs, PK, Ai, PC, 1.f);  // K^ K^^T
+  block_gemm<false, true, false, kGT>(C, C, K, Khs, PK, Khs, PK, Ai, PC, 1.f);  // K^ K^^T
   __syncthreads();
   if (tid < C) {
     const int i = tid;
@@ -191,10 +195,10 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
       dGs[i] = acc;
     }
   }
-  block_gemm<false, false, true>(C, K, C, Pa, PC, Khs, PK, A1, PK, 1.f);  // + Pm K^
-  block_gemm<true, false, true>(C, K, C, Pa, PC, Qhs, PK, A2, PK, 1.f);   // + Pm^T Q^
-  block_gemm<false, false, true>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);  // + Z K^
-  block_gemm<true, false, true>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);   // + Z^T K^
+  block_gemm<false, false, true, kGT>(C, K, C, Pa, PC, Khs, PK, A1, PK, 1.f);  // + Pm K^
+  block_gemm<true, false, true, kGT>(C, K, C, Pa, PC, Qhs, PK, A2, PK, 1.f);   // + Pm^T Q^
+  block_gemm<false, false, true, kGT>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);  // + Z K^
+  block_gemm<true, false, true, kGT>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);   // + Z^T K^
   __syncthreads();
 
   // The prologue backwards and the writes, one warp per token; lane l holds elements l + 32 m

@@ -18,6 +18,18 @@ __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const S
   return bp.ws + (chunk_slot(bp.f, n, sr, c) * bp.f.HV + hv) * bp.rec_floats;
 }
 
+/// The (row, column) of idx = start, start + step, ... over a grid `w` columns wide, advanced by
+/// an add and a compare instead of a division an element (w and step are runtime in most calls).
+struct GridWalk {
+  int i, c, di, dc, w;
+  __device__ __forceinline__ GridWalk(int w_, int start, int step)
+      : i(start / w_), c(start % w_), di(step / w_), dc(step % w_), w(w_) {}
+  __device__ __forceinline__ void next() {
+    i += di, c += dc;
+    if (c >= w) c -= w, ++i;
+  }
+};
+
 /// Loads rows [0, L) of a [C][W] tile of a [B,T,heads,W] tensor (zero rows past L) as fp32 into
 /// shared memory of pitch `pitch`: 16-byte vectors, four in flight per thread before any is
 /// stored (the loads' latency overlaps). W a multiple of 16 / sizeof(E); base, strides 16-byte
@@ -27,24 +39,25 @@ __device__ __forceinline__ void bwd_load_rows(float* dst, int pitch, const E* ba
                                               const int64_t* st, int64_t b, int64_t tb, int head,
                                               int L, int W) {
   constexpr int VE = 16 / int(sizeof(E));
-  const int wv = W / VE, total = kChunk * wv;
-  for (int i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
+  GridWalk at(W / VE, threadIdx.x, blockDim.x);
+  while (at.i < kChunk) {
     uint4 raw[4];
+    int ri[4], rc[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int idx = i0 + u * blockDim.x, i = idx / wv, c = (idx % wv) * VE;
-      raw[u] = idx < total && i < L
-                   ? *reinterpret_cast<const uint4*>(base + b * st[0] + (tb + i) * st[1] +
-                                                     int64_t(head) * st[2] + c)
+      ri[u] = at.i, rc[u] = at.c * VE;
+      at.next();
+      raw[u] = ri[u] < kChunk && ri[u] < L
+                   ? *reinterpret_cast<const uint4*>(base + b * st[0] + (tb + ri[u]) * st[1] +
+                                                     int64_t(head) * st[2] + rc[u])
                    : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int idx = i0 + u * blockDim.x, i = idx / wv, c = (idx % wv) * VE;
-      if (idx < total) {
+      if (ri[u] < kChunk) {
         const E* e = reinterpret_cast<const E*>(&raw[u]);
 #pragma unroll
-        for (int j = 0; j < VE; ++j) dst[i * pitch + c + j] = tof(e[j]);
+        for (int j = 0; j < VE; ++j) dst[ri[u] * pitch + rc[u] + j] = tof(e[j]);
       }
     }
   }
@@ -55,23 +68,17 @@ __device__ __forceinline__ void bwd_load_rows(float* dst, int pitch, const E* ba
 /// commits and waits (cp_commit, cp_wait) before a barrier.
 __device__ __forceinline__ void bwd_cp_rows(float* dst, int dp, const float* src, int64_t sp,
                                             int rows, int W) {
-  const int w4 = W / 4;
-  for (int idx = threadIdx.x; idx < rows * w4; idx += blockDim.x) {
-    const int i = idx / w4, c = (idx % w4) * 4;
-    cp16(dst + i * dp + c, src + i * sp + c, true);
-  }
+  for (GridWalk at(W / 4, threadIdx.x, blockDim.x); at.i < rows; at.next())
+    cp16(dst + at.i * dp + 4 * at.c, src + at.i * sp + 4 * at.c, true);
 }
 
 /// Copies a [rows][W] fp32 matrix from shared memory (pitch sp) to global memory (pitch dp),
 /// 16 bytes at a time; W and both pitches multiples of 4.
 __device__ __forceinline__ void bwd_store_rows(float* dst, int64_t dp, const float* src, int sp,
                                                int rows, int W) {
-  const int w4 = W / 4;
-  for (int idx = threadIdx.x; idx < rows * w4; idx += blockDim.x) {
-    const int i = idx / w4, c = (idx % w4) * 4;
-    *reinterpret_cast<float4*>(dst + i * dp + c) =
-        *reinterpret_cast<const float4*>(src + i * sp + c);
-  }
+  for (GridWalk at(W / 4, threadIdx.x, blockDim.x); at.i < rows; at.next())
+    *reinterpret_cast<float4*>(dst + at.i * dp + 4 * at.c) =
+        *reinterpret_cast<const float4*>(src + at.i * sp + 4 * at.c);
 }
 
 /// x[i][.] *= f[i] for rows [0, rows) of a [rows][W] shared matrix of pitch `pitch` (W and pitch
