@@ -48,7 +48,7 @@ __device__ long long timed_product(const char* a, const char* b, float& sink) {
   const uint64_t ad0 = wgmma_desc_sw128(a, kTransA ? 8192 : 16), bd0 = wgmma_desc_sw128(b);
 #pragma unroll
   for (int ks = 0; ks < KSTEPS; ++ks)
-    wgmma_ss_bf16<kTransA ? 1 : 0>(
+    wgmma_ss<kTransA ? 1 : 0, __nv_bfloat16>(
         d, wgmma_desc_advance(ad0, kTransA ? ks * 2048 : (ks >> 2) * 8192 + (ks & 3) * 32),
         wgmma_desc_advance(bd0, (ks >> 2) * N * 128 + (ks & 3) * 32));
   return end_product(d, t0, sink);

@@ -197,16 +197,15 @@ std::optional<kla_status> early_status(const kla_params& p) {
 
 /// The workspace a call needs, from kla.h's documented layout alone (not the library's code): per
 /// 64-token chunk slot (fixed lengths: N * ceil(T / 64); packed: T / 64 + N) one record of 34048
-/// bytes a value head (T and P, 64 x 64 fp32 each, and 5 x 64 fp32 scalars), plus, for fp16 and
-/// for fp32 with arithmetic FAST at head_dim_k 64, 96 or 128, the chunk's K and Q split into bf16
-/// hi + lo: 2 x ceil(K / 64) x 64 x 128 bytes each, per key head. Head dims set (validated).
+/// bytes a value head (T and P, 64 x 64 fp32 each, and 5 x 64 fp32 scalars), plus, for fp32 with
+/// arithmetic FAST at head_dim_k 64, 96 or 128, the chunk's K and Q split into bf16 hi + lo:
+/// 2 x ceil(K / 64) x 64 x 128 bytes each, per key head. Head dims set (validated).
 i128 documented_workspace_size(const kla_params& p) {
   const bool packed = p.cu_seqlens != nullptr;
   const std::int64_t N = packed ? p.num_seqs : p.batch, T = p.seq_len, K = p.head_dim_k;
   const i128 slots = packed ? i128(T / 64 + N) : mul(N, (T + 63) / 64);
   const bool images =
-      (raw_enum(p.dtype) == 2 || (raw_enum(p.dtype) == 0 && raw_enum(p.arithmetic) == 1)) &&
-      (K == 64 || K == 96 || K == 128);
+      raw_enum(p.dtype) == 0 && raw_enum(p.arithmetic) == 1 && (K == 64 || K == 96 || K == 128);
   const i128 image = images ? i128(2 * ((K + 63) / 64) * 64 * 128) : 0;
   return mul(slots, add(mul(p.num_v_heads, 34048), mul(2 * p.num_heads, image)));
 }

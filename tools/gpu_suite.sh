@@ -182,6 +182,7 @@ if [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant tf32_fast_grade tf32
   run_mutant bwd_carry_no_gamma auto
   run_mutant fast_in_accurate wy_transposed
+  run_mutant wy_column_scale_missed wy16
 fi
 # The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64
 # recurrence, autograd, graphs, torch.compile; against FLA where .whl/fla is carried) on the

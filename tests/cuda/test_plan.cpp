@@ -269,8 +269,8 @@ Outcome plan_for(const kla_params& p, const kla_device_info& d,
 // Bytes of a workspace record per (chunk slot, value head): the larger of the TF32 record
 // ((2 x 64 x 64 + 5 x 64) floats = 34048 B) and the WY record (4 x 10 x 512 + 512 x 4 = 22528 B).
 constexpr int64_t kRecord = 34048;
-// One K or Q image per (chunk slot, key head) at K = 128 (fp16, fp32 FAST): 2 panels x hi + lo x
-// 64 rows x 128 B.
+// One K or Q image per (chunk slot, key head) at K = 128 (fp32 FAST): 2 panels x hi + lo x 64
+// rows x 128 B.
 constexpr int64_t kImage128 = 2 * 2 * 64 * 128;
 
 // ---- the benchmark shapes on H100 / H200 -------------------------------------------------------
@@ -415,23 +415,21 @@ TEST(PlanArithmetic, FastWhereThePathHasIt) {
   }
 }
 
-// fp16: the scan reads the prep's K / Q images (bf16 hi + lo, twice the tile bytes), the
-// first read-out warp produces (12 warps), and the workspace holds the images.
-//   VS = 16: 2 x (22528 + 2 x 32768 + 2048) + 16384 + 4096 + 6144 + 16 = 206864;
-//   VS = 8:  stage 89088, a third stage does not fit: 2 x 89088 + 8192 + 2048 + 6144 + 16 = 194576;
-//   VS = 32: with V in the stages 235536 > 232448, so V bypasses them:
-//            2 x (22528 + 65536) + 32768 + 8192 + 10240 + 16 = 227344.
+// fp16: as bf16 (K / Q raw by tensor copies, on the f16 wgmma; a producer warp of its own; no
+// images), plus fp16's column scales, 11 x VS floats (wy_scale_floats):
+//   VS = 16: 141328 + 704 = 142032;
+//   VS = 8:  three stages as bf16's: 185368 + 352 = 185720;
+//   VS = 32: (K = 96 takes two 64-column panels, as 128 does) 170000 + 1408 = 171408.
 TEST(PlanBenchmarkShapes, Fp16OnH200) {
   {
     Call c(shape(KLA_DTYPE_FP16, 1, 32768, 16));
     const Outcome o = plan_for(c.p, kH200);
     EXPECT_PLAN(o, KLA_PATH_WY, 16);
     EXPECT_EQ(o.plan.stages, 2);
-    EXPECT_EQ(o.plan.threads, 12 * 32);
-    EXPECT_EQ(o.plan.smem_bytes, 206864);
+    EXPECT_EQ(o.plan.threads, 13 * 32);
+    EXPECT_EQ(o.plan.smem_bytes, 142032);
     EXPECT_EQ(o.plan.prep_smem_bytes, 52992);
-    // Records, then a K and a Q image per (chunk slot, key head): all of kla_workspace_size.
-    EXPECT_EQ(o.plan.workspace_bytes, std::size_t(512 * 16 * kRecord + 512 * 2 * 16 * kImage128));
+    EXPECT_EQ(o.plan.workspace_bytes, std::size_t(512 * 16 * kRecord));  // records only
     EXPECT_EQ(o.plan.workspace_bytes, kla_workspace_size(&c.p));
   }
   for (int B : {4, 8}) {
@@ -441,21 +439,21 @@ TEST(PlanBenchmarkShapes, Fp16OnH200) {
     EXPECT_PLAN(o, KLA_PATH_WY_TRANSPOSED, 64);
     EXPECT_EQ(o.plan.smem_bytes, 200720);  // the transposed scan reads K / Q by tensor copies
     EXPECT_EQ(o.plan.workspace_bytes, std::size_t(512 * 16 * kRecord));  // ... so no images
-    EXPECT_LT(o.plan.workspace_bytes, kla_workspace_size(&c.p));
+    EXPECT_EQ(o.plan.workspace_bytes, kla_workspace_size(&c.p));
   }
   {
     Call c(shape(KLA_DTYPE_FP16, 1, 131072, 8));
     const Outcome o = plan_for(c.p, kH200);
     EXPECT_PLAN(o, KLA_PATH_WY, 8);
-    EXPECT_EQ(o.plan.stages, 2);
-    EXPECT_EQ(o.plan.smem_bytes, 194576);
+    EXPECT_EQ(o.plan.stages, 3);
+    EXPECT_EQ(o.plan.smem_bytes, 185720);
   }
   {
     Call c(shape(KLA_DTYPE_FP16, 1, 32768, 12, 96, 192));
     const Outcome o = plan_for(c.p, kH200);
     EXPECT_PLAN(o, KLA_PATH_WY, 32);
     EXPECT_EQ(o.plan.stages, 2);
-    EXPECT_EQ(o.plan.smem_bytes, 227344);
+    EXPECT_EQ(o.plan.smem_bytes, 171408);
   }
 }
 
@@ -754,10 +752,11 @@ TEST(PlanShapes, GroupedValueHeads) {
     EXPECT_EQ(o.plan.blocks, 16 * 8);
     EXPECT_EQ(o.plan.prep_blocks, 512 * 16);
   }
-  {  // fp16: the images follow the key heads (8), the records the value heads (16).
-    Call c(shape(KLA_DTYPE_FP16, 1, 32768, 8, 128, 128, 16));
+  {  // fp32 FAST: the images follow the key heads (8), the records the value heads (16).
+    Call c(shape(KLA_DTYPE_FP32, 1, 32768, 8, 128, 128, 16));
+    c.fast();
     const Outcome o = plan_for(c.p, kH200);
-    EXPECT_PLAN(o, KLA_PATH_WY, 16);
+    EXPECT_EQ(o.plan.path, KLA_PATH_WY) << o.reason;
     EXPECT_EQ(o.plan.workspace_bytes, std::size_t(512 * 16 * kRecord + 512 * 2 * 8 * kImage128));
     EXPECT_EQ(o.plan.workspace_bytes, kla_workspace_size(&c.p));
   }
@@ -832,15 +831,18 @@ TEST(PlanDeclines, TensorMapStrides) {
     d.p.q_strides[0] = 1024;  // inputs may overlap: only o's strides are checked for that
     EXPECT_TRUE(Contains(plan_for(d.p, kH200).reason, "not wy: q_strides[1] = 549755813888"));
   }
-  {  // fp16: the [token][column] scan reads images (no K map), the transposed scan K by tensor
-     // copies: only the transposed scan declines. 2 x 64 blocks of 16 columns.
+  {  // fp16 reads K through tensor maps in both WY scans: the WY family declines.
     Call c(shape(KLA_DTYPE_FP16, 2, 64, 1, 64, 64));
     c.p.k_strides[0] = k2to39;
     const Outcome o = plan_for(c.p, kH200);
-    EXPECT_PLAN(o, KLA_PATH_WY, 16);
-    EXPECT_TRUE(Contains(o.reason,
-                         "not wy_transposed: k_strides[0] = 549755813888 elements is "
-                         "2^40 bytes or more"));
+    EXPECT_EQ(o.plan.path, KLA_PATH_TF32) << o.reason;
+    EXPECT_TRUE(Contains(o.reason, "not wy: k_strides[0] = 549755813888"));
+  }
+  {  // fp32 FAST's [token][column] scan reads the prep's images (no K map): it stays.
+    Call c(shape(KLA_DTYPE_FP32, 2, 64, 1, 64, 64));
+    c.fast();
+    c.p.k_strides[0] = k2to39;
+    EXPECT_EQ(plan_for(c.p, kH200).plan.path, KLA_PATH_WY);
   }
   {  // An extent-1 dimension's stride is never used: not checked.
     Call c(shape(KLA_DTYPE_BF16, 1, 64, 1, 64, 64));

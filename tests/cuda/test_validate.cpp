@@ -567,18 +567,17 @@ TEST(Validate, Workspace) {
   g.p.batch = 1, g.p.seq_len = 200, g.p.num_seqs = 2;
   g.p.cu_seqlens = cu, g.p.cu_seqlens_host = cu;
   EXPECT_EQ(kla_workspace_size(&g.p), std::size_t(200 / 64 + 2) * HV * per_chunk);
-  // fp16, and fp32 with arithmetic FAST, with K in {64, 96, 128} (the WY path's list) add, per
-  // chunk and key head, the K and Q tiles split into bf16 hi + lo: ceil(K / 64) panels of 64
-  // rows x 128 B, each as a hi and a lo panel. bf16 needs none (its raw tiles are exact
-  // operands), nor does accurate fp32 (the TF32 path), nor other K.
+  // fp32 with arithmetic FAST, with K in {64, 96, 128} (the WY path's list), adds per chunk and
+  // key head the K and Q tiles split into bf16 hi + lo: ceil(K / 64) panels of 64 rows x 128 B,
+  // each as a hi and a lo panel. bf16 and fp16 need none (their raw tiles are exact operands of
+  // the bf16 / f16 wgmma), nor does accurate fp32 (the TF32 path), nor other K.
   auto image = [](std::size_t k) { return (k + 63) / 64 * 2 * 64 * 128; };
   for (kla_dtype dt : {KLA_DTYPE_FP32, KLA_DTYPE_FP16, KLA_DTYPE_BF16})
     for (kla_arithmetic m : {KLA_ARITHMETIC_ACCURATE, KLA_ARITHMETIC_FAST})
       for (int kd : {32, 64, 96, 128, 256}) {
         Fixture w;
         w.p.dtype = dt, w.p.arithmetic = m, w.p.head_dim_k = kd;
-        const bool split =
-            dt == KLA_DTYPE_FP16 || (dt == KLA_DTYPE_FP32 && m == KLA_ARITHMETIC_FAST);
+        const bool split = dt == KLA_DTYPE_FP32 && m == KLA_ARITHMETIC_FAST;
         const bool images = split && (kd == 64 || kd == 96 || kd == 128);
         EXPECT_EQ(kla_workspace_size(&w.p),
                   std::size_t(B) * (HV * per_chunk + (images ? 2 * H * image(kd) : 0)))

@@ -263,9 +263,9 @@ KLA_API kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t strea
 
 /* Bytes of device workspace kla_chunk_forward wants for these sizes (batch or num_seqs with
  * cu_seqlens, seq_len, num_heads, num_v_heads, head dims) and dtype: about 34 KB per 64-token
- * chunk and value head (each chunk's matrices), plus for fp16 (and fp32 with arithmetic FAST)
- * with head_dim_k 64, 96 or 128 the chunk's keys and queries split into bf16 hi + lo (32 KB per
- * chunk and key head at K = 64, 64 KB at 96 or 128). Head dims left 0 give the size for the
+ * chunk and value head (each chunk's matrices), plus for fp32 with arithmetic FAST with
+ * head_dim_k 64, 96 or 128 the chunk's keys and queries split into bf16 hi + lo (32 KB per chunk
+ * and key head at K = 64, 64 KB at 96 or 128). Head dims left 0 give the size for the
  * largest call. Pure host arithmetic; 0 for NULL or unusable sizes. The entry points themselves
  * never allocate. */
 KLA_API size_t kla_workspace_size(const kla_params* p);

@@ -45,11 +45,5 @@ __device__ __forceinline__ void store_split_bf16x2(void* hi_dst, void* lo_dst, f
   *static_cast<uint32_t*>(hi_dst) = hi;
   *static_cast<uint32_t*>(lo_dst) = lo;
 }
-/// An fp16 pair as bf16 hi + lo: exact (11 significant bits fit in 8 + 8, and bf16's range
-/// covers fp16's, subnormals included).
-__device__ __forceinline__ void split_f16x2(uint32_t r, uint32_t& hi, uint32_t& lo) {
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r));
-  split_bf16x2(f.x, f.y, hi, lo);
-}
 
 }  // namespace kla::kernels

@@ -1,5 +1,5 @@
 // sm_90a warpgroup MMA (wgmma) for the WY scan (scan/wy_scan.cuh, scan/wy_scan_transposed.cuh,
-// prep/wy_prep.cuh): bf16 operands read by the tensor cores straight from shared memory
+// prep/wy_prep.cuh): bf16 or fp16 operands read by the tensor cores straight from shared memory
 // (128-byte-swizzled tiles, once per warpgroup: no per-warp ldmatrix copies), fp32 accumulation.
 //
 // Layouts (PTX ISA, wgmma shared-memory matrix layouts, 128-byte swizzle; the same swizzle as
@@ -61,32 +61,47 @@ __device__ __forceinline__ void wgmma_reg_fence(float (&d)[M]) {
   for (int i = 0; i < M; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/// D (64 x N, fp32; N = 2 x the size of d) += A (64 x 16 bf16, descriptor; M-major when TA) B
-/// (16 x N bf16, K-major descriptor). One overload per N (the operand list is the shape).
-template <int TA>
-__device__ __forceinline__ void wgmma_ss_bf16(float (&d)[8], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, "
-      "1, 1, %11, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7])
-      : "l"(a), "l"(b), "r"(1), "n"(TA));
-}
-template <int TA>
-__device__ __forceinline__ void wgmma_ss_bf16(float (&d)[16], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b), "r"(1), "n"(TA));
-}
-/// m64n64k16 with both operands from shared memory, bf16 or fp16 (E) inputs.
+/// D (64 x N, fp32; N = 2 x the size of d) += A (64 x 16, descriptor; M-major when TA) B (16 x N,
+/// K-major descriptor), both bf16 or both fp16 (E), read from shared memory. One overload per N
+/// (the operand list is the shape); TYPE is the PTX input type.
 template <int TA, class E>
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[8], uint64_t a, uint64_t b) {
+  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "2-byte inputs");
+#define KLA_WGMMA_SS_N16(TYPE)                                                              \
+  asm volatile(                                                                             \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                          \
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE                           \
+      " {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, 0;\n}\n"                           \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+        "+f"(d[7])                                                                          \
+      : "l"(a), "l"(b), "r"(1), "n"(TA))
+  if constexpr (std::is_same_v<E, __half>)
+    KLA_WGMMA_SS_N16("f16");
+  else
+    KLA_WGMMA_SS_N16("bf16");
+#undef KLA_WGMMA_SS_N16
+}
+template <int TA, class E>
+__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t a, uint64_t b) {
+  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "2-byte inputs");
+#define KLA_WGMMA_SS_N32(TYPE)                                                                  \
+  asm volatile(                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                              \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                               \
+      " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, "      \
+      "0;\n}\n"                                                                                 \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),     \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+        "+f"(d[14]), "+f"(d[15])                                                                \
+      : "l"(a), "l"(b), "r"(1), "n"(TA))
+  if constexpr (std::is_same_v<E, __half>)
+    KLA_WGMMA_SS_N32("f16");
+  else
+    KLA_WGMMA_SS_N32("bf16");
+#undef KLA_WGMMA_SS_N32
+}
+template <int TA, class E>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b) {
   static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "2-byte inputs");
 #define KLA_WGMMA_SS_N64(TYPE)                                                                     \
   asm volatile(                                                                                    \
@@ -106,10 +121,6 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_
   else
     KLA_WGMMA_SS_N64("bf16");
 #undef KLA_WGMMA_SS_N64
-}
-template <int TA>
-__device__ __forceinline__ void wgmma_ss_bf16(float (&d)[32], uint64_t a, uint64_t b) {
-  wgmma_ss_n64<TA, __nv_bfloat16>(d, a, b);
 }
 
 /// At most N of this warpgroup's committed wgmma groups still pending (groups complete in order).

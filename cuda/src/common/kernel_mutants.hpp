@@ -17,6 +17,7 @@ enum class KernelMutant : int {
   tf32_fast_grade,            // scan/tf32_scan.cuh: K, Q and the state operand at 16 bits
   bwd_carry_no_gamma,         // bwd/bwd_state_scans.cuh: the state gradient's carry not decayed
   fast_in_accurate,           // launch/launch_wy.cuh: the transposed scan's FAST kernel always
+  wy_column_scale_missed,     // scan/wy_scan.cuh: fp16 X's column scale not undone in the state
   count
 };
 
@@ -28,7 +29,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "transposed_rescale_missed",
                                                      "tf32_fast_grade",
                                                      "bwd_carry_no_gamma",
-                                                     "fast_in_accurate"};
+                                                     "fast_in_accurate",
+                                                     "wy_column_scale_missed"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 

@@ -61,11 +61,11 @@ cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_
   const bool transposed = plan.path == KLA_PATH_WY_TRANSPOSED;
   const int VS = plan.value_slice;
   // Every tensor map first, so that a map the driver refuses leaves nothing launched. K and Q by
-  // tensor copies: the bf16 scan (raw boxes) and the transposed scan; the fp16 / fp32
-  // [token][column] scan reads the prep's images instead. V: the transposed scan's 64-column
-  // swizzled boxes, or the scan's slice where it goes through the stages (wy_v_in_smem).
+  // tensor copies: bf16 / fp16 (raw boxes, both scans); the fp32 [token][column] scan reads the
+  // prep's images instead. V: the transposed scan's 64-column swizzled boxes, or the scan's slice
+  // where it goes through the stages (wy_v_in_smem).
   CUtensorMap kmap{}, qmap{}, vmap{};
-  if (std::is_same_v<E, __nv_bfloat16> || transposed) {
+  if (!std::is_same_v<E, float>) {
     if (!make_tile_map<E>(kmap, p.k, p.ks, p, KD, p.H, 64, true) ||
         !make_tile_map<E>(qmap, p.q, p.qs, p, KD, p.H, 64, true)) {
       what = "the driver refused the tensor map of k or q";

@@ -4,7 +4,7 @@
 // generic_layout.hpp) build on it.
 //
 // Workspace (kla_params.workspace, kla_workspace_size): one record per (chunk slot, value head),
-// each of the larger of the two paths' layouts, then (WY path, fp16 / fp32 FAST) the K / Q images.
+// each of the larger of the two paths' layouts, then (WY path, fp32 FAST) the K / Q images.
 //   TF32 record (fp32): T [64][64] = (I + B(A^- o K^K^T))^-1 (zero above the diagonal),
 //     P [64][64] the read-out matrix qscale_i (A o Q K^T)_ij kscale_j, 5 x 64 per-token scalars.
 //   WY record: T_hi, T_lo, PT_hi, PT_lo: the 10 lower 16 x 16 blocks of T and of P T split into
@@ -77,10 +77,10 @@ constexpr int64_t ws_record_bytes(int64_t K, int64_t V) {
   return tf32 > wy ? tf32 : wy;
 }
 
-/// Whether a call's WY scan reads K / Q images: fp16 storage, and fp32 with arithmetic FAST (bf16
-/// tiles are exact wgmma operands as they are). Takes the kla_dtype / kla_arithmetic values.
+/// Whether a call's WY scan reads K / Q images: fp32 with arithmetic FAST (bf16 / fp16 tiles are
+/// exact wgmma operands as they are). Takes the kla_dtype / kla_arithmetic values.
 constexpr bool wy_needs_images(int dtype, int arithmetic) {
-  return dtype == int(Elem::F16) || (dtype == int(Elem::F32) && arithmetic == 1 /* FAST */);
+  return dtype == int(Elem::F32) && arithmetic == 1 /* FAST */;
 }
 /// Bytes of one K or Q image, 0 where none is kept (no images wanted, or K off the WY list).
 constexpr int64_t wy_image_bytes(int64_t K, bool images) {

@@ -61,13 +61,13 @@ constexpr WyPrepLayout wy_prep_layout(Elem e, int KD) {
 
 // ---- scan (chunk_wy_scan_kernel): warp roles ---------------------------------------------------
 /// 8 recurrence warps (R, X and the state: the chain from chunk to chunk), 4 read-out warps (O,
-/// off the chain), and the producer, which issues the copies: for bf16 a warp of its own (on a
-/// read-out warp its five tensor copies a chunk would delay that warpgroup's Q S wgmma and with it
-/// the chunk; docs/prefill_notes.md, 'Design decisions'), for fp16 / fp32 (one bulk copy of the
+/// off the chain), and the producer, which issues the copies: for bf16 / fp16 a warp of its own
+/// (on a read-out warp its five tensor copies a chunk would delay that warpgroup's Q S wgmma and
+/// with it the chunk; docs/prefill_notes.md, 'Design decisions'), for fp32 (one bulk copy of the
 /// images) the first read-out warp.
 constexpr int kWyRecWarps = 8, kWyReadWarps = 4;
 constexpr bool wy_own_producer(Elem e) {
-  return e == Elem::BF16;
+  return e != Elem::F32;
 }
 constexpr int wy_producer_warp(Elem e) {
   return kWyRecWarps + (wy_own_producer(e) ? kWyReadWarps : 0);
@@ -88,14 +88,14 @@ constexpr int wy_scan_pitch(int VS) {
 constexpr int wy_groups(int VS) {
   return VS >= 16 ? 2 : 1;
 }
-/// Bytes of one K or Q tile in a scan stage: bf16, the raw TMA boxes (exact wgmma operands); fp16
-/// / fp32, the prep's image of the tile split into bf16 hi + lo (each 64-column panel as its hi
-/// panel, then its lo panel).
+/// Bytes of one K or Q tile in a scan stage: bf16 / fp16, the raw TMA boxes (exact wgmma operands
+/// of the bf16 / f16 instruction); fp32, the prep's image of the tile split into bf16 hi + lo
+/// (each 64-column panel as its hi panel, then its lo panel).
 constexpr int64_t wy_kq_tile_bytes(Elem e, int KD) {
-  return e == Elem::BF16 ? wy_tile_bytes(KD) : 2 * wy_tile_bytes(KD);
+  return e == Elem::F32 ? 2 * wy_tile_bytes(KD) : wy_tile_bytes(KD);
 }
 static_assert(wy_image_bytes(64, true) == wy_kq_tile_bytes(Elem::F32, 64) &&
-                  wy_image_bytes(96, true) == wy_kq_tile_bytes(Elem::F16, 96) &&
+                  wy_image_bytes(96, true) == wy_kq_tile_bytes(Elem::F32, 96) &&
                   wy_image_bytes(128, true) == wy_kq_tile_bytes(Elem::F32, 128) &&
                   wy_image_bytes(128, false) == 0,
               "the workspace's images are the scan's tiles");
@@ -146,15 +146,21 @@ constexpr int64_t wy_stage_bytes_v(Elem e, int KD, int VS, bool v_in_smem) {
   return WyRecord::bytes + 2 * wy_kq_tile_bytes(e, KD) +
          (v_in_smem ? int64_t(kChunk) * VS * elem_bytes(e) : 0);
 }
+/// fp16's per-column scales (fp32): the recurrence warps' partial column maxima [8][VS], the
+/// state split's scales [2 buffers][VS], X's [VS]; nothing for bf16 / fp32.
+constexpr int64_t wy_scale_floats(Elem e, int VS) {
+  return e == Elem::F16 ? int64_t(kWyRecWarps + 3) * VS : 0;
+}
 /// `stages` stages, the state split twice (S_c read while S_c+1 is written) and X split (wgmma B
-/// tiles, K-major: [value column][key or token]), R split ([token][SP], mma.sync B), then the
-/// stage barriers.
+/// tiles, K-major: [value column][key or token]), R split ([token][SP], mma.sync B), the stage
+/// barriers, then fp16's column scales.
 constexpr int64_t wy_scan_smem_bytes_v(Elem e, int KD, int VS, bool v_in_smem, int stages = 2) {
   return stages * wy_stage_bytes_v(e, KD, VS, v_in_smem) + 2 * wy_state_split_bytes(KD, VS) +
-         2LL * VS * 128 + 2LL * kChunk * wy_scan_pitch(VS) * 2 + stages * 8;
+         2LL * VS * 128 + 2LL * kChunk * wy_scan_pitch(VS) * 2 + stages * 8 +
+         4 * wy_scale_floats(e, VS);
 }
 /// Whether the scan's V slice goes through the stages (a tensor copy a chunk) or, where the
-/// stages have no room for it (fp16 / fp32 at VS = 32), from global memory straight to the
+/// stages have no room for it (fp32 at VS = 32), from global memory straight to the
 /// recurrence warps' registers a chunk ahead (the slower way where both fit; docs/prefill_notes.md,
 /// 'Design decisions').
 constexpr bool wy_v_in_smem(Elem e, int KD, int VS) {

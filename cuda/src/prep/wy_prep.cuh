@@ -8,9 +8,9 @@
 // written split (bf16 hi + lo) into the chunk's workspace record: the lower 16 x 16 blocks only,
 // packed in ldmatrix order (layout/wy_layout.hpp, wy_packed_offset), 22 KB whatever the head
 // dims. K K^T and Q K^T: bf16 / fp16 one m64n64 wgmma chain a warpgroup on the K and Q tiles
-// loaded in the 128-byte swizzle (exact products, fp32 sums); fp32 split TF32 on mma.sync. fp16 /
-// fp32 (for the [token][column] scan) also write the chunk's K and Q tiles split into bf16 hi + lo
-// as the scan's wgmma operand images (write_wy_images), once per key head.
+// loaded in the 128-byte swizzle (exact products, fp32 sums); fp32 split TF32 on mma.sync. fp32
+// (for the [token][column] scan) also writes the chunk's K and Q tiles split into bf16 hi + lo as
+// the scan's wgmma operand images (write_wy_images), once per key head.
 //
 // Precision: T fp32-grade (~2^-21); P T from fp32 P and T entering the tensor cores split (hi hi +
 // hi lo + lo hi, ~2^-16 relative), below the bf16 / fp16 storage roundoff that bounds the outputs.
@@ -37,15 +37,15 @@ __device__ __forceinline__ char* wy_image_pair(const KernelParams& p, int64_t sl
   return p.ws_images + (slot * p.H + h) * (2 * wy_image_bytes(KD, true));
 }
 
-/// fp16 / fp32: the chunk's K and Q tiles (raw in shared memory, rows past the chunk zero; fp16:
-/// swizzled panels as load_rows_sw128 leaves them, fp32: rows of pitch KP) as the scan's wgmma A
-/// operands, split into bf16 hi + lo: a K image then a Q image at dst (chunk_geometry.hpp), each
-/// 64-column panel as its hi panel then its lo panel, 64 rows x 128 B with the 128-byte swizzle
-/// (16-byte piece c of row r at c ^ r % 8), columns past KD zero. fp16 values are exact in hi +
-/// lo; fp32 keep 16 significant bits (relative error <= 2^-17). Piece order: 8 consecutive
-/// threads fill one 128-byte line. Called by all kWyPrepThreads threads.
-template <class E, int KD>
-__device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP, char* dst) {
+/// fp32 (arithmetic FAST): the chunk's K and Q tiles (raw in shared memory, rows of pitch KP, rows
+/// past the chunk zero) as the [token][column] scan's wgmma A operands, split into bf16 hi + lo: a
+/// K image then a Q image at dst (chunk_geometry.hpp), each 64-column panel as its hi panel then
+/// its lo panel, 64 rows x 128 B with the 128-byte swizzle (16-byte piece c of row r at c ^ r %
+/// 8), columns past KD zero; 16 significant bits (relative error <= 2^-17). Piece order: 8
+/// consecutive threads fill one 128-byte line. Called by all kWyPrepThreads threads.
+template <int KD>
+__device__ __forceinline__ void write_wy_images(const float* Kr, const float* Qr, int KP,
+                                                char* dst) {
   constexpr int kPanels = (KD + 63) / 64, kPieces = kChunk * kPanels * 8, kPanel = kChunk * 128;
   constexpr int64_t kImage = 2LL * kPanels * kPanel;
   static_assert(kImage == wy_image_bytes(KD, true),
@@ -57,22 +57,13 @@ __device__ __forceinline__ void write_wy_images(const E* Kr, const E* Qr, int KP
     const int line = kmajor_sw128_offset(row, k0, kChunk);  // in the tile, or in a part's panels
     uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
     if (k0 < KD) {
-      if constexpr (std::is_same_v<E, float>) {
-        const E* src = (isq ? Qr : Kr) + row * KP + k0;
-        const float4 a = *reinterpret_cast<const float4*>(src);
-        const float4 b = *reinterpret_cast<const float4*>(src + 4);
-        split_bf16x2(a.x, a.y, hi.x, lo.x);
-        split_bf16x2(a.z, a.w, hi.y, lo.y);
-        split_bf16x2(b.x, b.y, hi.z, lo.z);
-        split_bf16x2(b.z, b.w, hi.w, lo.w);
-      } else {
-        const uint4 x =
-            *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(isq ? Qr : Kr) + line);
-        split_f16x2(x.x, hi.x, lo.x);
-        split_f16x2(x.y, hi.y, lo.y);
-        split_f16x2(x.z, hi.z, lo.z);
-        split_f16x2(x.w, hi.w, lo.w);
-      }
+      const float* src = (isq ? Qr : Kr) + row * KP + k0;
+      const float4 a = *reinterpret_cast<const float4*>(src);
+      const float4 b = *reinterpret_cast<const float4*>(src + 4);
+      split_bf16x2(a.x, a.y, hi.x, lo.x);
+      split_bf16x2(a.z, a.w, hi.y, lo.y);
+      split_bf16x2(b.x, b.y, hi.z, lo.z);
+      split_bf16x2(b.z, b.w, hi.w, lo.w);
     }
     char* d = dst + (isq ? kImage : 0) + pn * kPanel + line;
     *reinterpret_cast<uint4*>(d) = hi;
@@ -146,12 +137,11 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
 
   const int64_t slot = chunk_slot(p, n, sr, c);
   char* rec = ws + (slot * p.HV + hv) * (p.ws_record_floats * 4);
-  // fp16 / fp32: the K / Q images every value slice of the scan reads, once per key head (by
-  // its group's first value head); none for the transposed scan (null ws_images), which reads
-  // fp16 K / Q as they are.
-  if constexpr (!std::is_same_v<E, __nv_bfloat16>)
+  // fp32: the K / Q images every value slice of the scan reads, once per key head (by its
+  // group's first value head); bf16 / fp16 K and Q go to the scans by tensor copies as they are.
+  if constexpr (std::is_same_v<E, float>)
     if (p.ws_images && (p.HV == p.H || hv % (p.HV / p.H) == 0))
-      write_wy_images<E, KD>(Kr, Qr, KP, wy_image_pair<KD>(p, slot, h));
+      write_wy_images<KD>(Kr, Qr, KP, wy_image_pair<KD>(p, slot, h));
   // Unit u < 10: K K^T tile, else Q K^T tile (the 10 lower 16 x 16 tiles of each); tile tl -> (row
   // block mi, column block nb <= mi).
   auto unit_tile = [](int u, bool& isq, int& mi, int& nb) {
@@ -188,7 +178,7 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
 #pragma unroll
     for (int ks = 0; ks < KD / 16; ++ks) {
       const int off = kmajor_sw128_offset(0, 16 * ks, C);  // k-step ks of both tiles
-      wgmma_ss_n64<0, E>(wd, wgmma_desc_advance(ad0, off), wgmma_desc_advance(bd0, off));
+      wgmma_ss<0, E>(wd, wgmma_desc_advance(ad0, off), wgmma_desc_advance(bd0, off));
     }
     wgmma_commit();
     wgmma_wait_all();

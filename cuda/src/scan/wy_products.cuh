@@ -68,16 +68,17 @@ __device__ __forceinline__ void tri_split_times_split(const char* Ah, const char
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /// r[nj] (8-column tile nj, mma C layout; this warp's 16 rows of the warpgroup's 64) = A B over
 /// KSTEPS k-steps, one wgmma group with both operands read by the tensor cores from shared memory.
-/// A: rows m0.. of a bf16 tile as the TMA boxes leave it (panels of 64 columns x 64 rows x 128 B,
-/// 128-byte swizzle, kAPanel bytes apart), or of its transpose (kTransA: A = tile^T, m0 a
-/// multiple of 64); with kALo also its lo part, a_lo bytes further (fp16 / fp32 inputs: the
-/// prep's images, hi panels 16 KB apart, each lo panel 8 KB after its hi panel). B: a split tile
+/// A: rows m0.. of a bf16 / fp16 tile as the TMA boxes leave it (panels of 64 columns x 64 rows x
+/// 128 B, 128-byte swizzle, kAPanel bytes apart), or of its transpose (kTransA: A = tile^T, m0 a
+/// multiple of 64); with kALo also its lo part, a_lo bytes further (fp32 inputs: the prep's
+/// images, hi panels 16 KB apart, each lo panel 8 KB after its hi panel). B: a split tile
 /// (K-major, 128-byte swizzle, rows as wy_split_row from a column group's first row, b_panel bytes
 /// between 64-k panels); N counts its hi and lo rows (N / 16 column tiles), NH tiles a group. The
 /// result is A B_hi + A B_lo (+ A_lo B_hi + A_lo B_lo: the last, up to 2^-18 relative, is as large
 /// as the split's own error, and leaving it out costs more small wgmma than it saves;
-/// docs/prefill_notes.md, 'Design decisions').
-template <int KSTEPS, int N, int NH, bool kTransA, bool kALo, int kAPanel>
+/// docs/prefill_notes.md, 'Design decisions'). WE: the tensor cores' input type, bf16, or fp16 for
+/// raw fp16 K / Q tiles (B split into fp16 hi + lo by the caller).
+template <int KSTEPS, int N, int NH, bool kTransA, bool kALo, int kAPanel, class WE = __nv_bfloat16>
 __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, const char* B,
                                                int b_panel, float (&r)[N / 16][4]) {
   static_assert(N % (16 * NH) == 0, "whole column groups of hi and lo rows");
@@ -100,7 +101,7 @@ __device__ __forceinline__ void wg_times_split(const char* A, int a_lo, int m0, 
         wgmma_desc_advance(ad0, kTransA ? ks * 2048 : (ks >> 2) * kAPanel + (ks & 3) * 32);
 #pragma unroll
     for (int part = 0; part < (kALo ? 2 : 1); ++part)
-      wgmma_ss_bf16<kTransA ? 1 : 0>(d, wgmma_desc_advance(ad, part * a_lo), bd);
+      wgmma_ss<kTransA ? 1 : 0, WE>(d, wgmma_desc_advance(ad, part * a_lo), bd);
   }
   wgmma_commit();
   wgmma_wait_all();

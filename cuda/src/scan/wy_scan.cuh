@@ -12,9 +12,9 @@
 //     written split into the other of two shared buffers;
 //   4 read-out warps (off the chain; warpgroup 2): Q S_ch while R forms, then O = diag(gamma
 //     qscale) Q S_ch + (P T) R once it has (a named barrier the recurrence warps only arrive at);
-//   the producer (bf16: a 13th warp; fp16 / fp32: the first read-out warp) issues the next chunk's
-//     copies (record by one bulk copy; bf16 K / Q as 128-byte swizzled boxes by tensor copies,
-//     fp16 / fp32 the prep's images by one bulk copy; V's slice by a tensor copy) into a ring of
+//   the producer (bf16 / fp16: a 13th warp; fp32: the first read-out warp) issues the next chunk's
+//     copies (record by one bulk copy; bf16 / fp16 K / Q as 128-byte swizzled boxes by tensor
+//     copies, fp32 the prep's images by one bulk copy; V's slice by a tensor copy) into a ring of
 //     wy_scan_stages stages, and L2 prefetches further ahead. Where the stages have no room for V
 //     (wy_v_in_smem), V goes from global memory to the recurrence warps' registers a chunk ahead.
 // K S, Q S and K^T X run on wgmma with both operands in shared memory (the K / Q boxes as the TMA
@@ -24,11 +24,15 @@
 // (packed triangular records). One __syncthreads per chunk frees the stage and the state buffer
 // that the last chunk read.
 //
-// Precision: products are bf16 with fp32 accumulation. Raw bf16 inputs are exact operands; fp16 K
-// / Q enter as bf16 hi + lo (exact), fp32 K / Q (arithmetic FAST) as hi + lo (16 significant bits,
-// the only rounding of an input); fp32 intermediates (S, R, X, T, P T) as hi + lo, and a product of
-// two split operands keeps hi hi + hi lo + lo hi (~2^-16 relative). V and the norms are fp32 as
-// given. Deterministic: fixed orders, no atomics.
+// Precision: products are bf16 (fp16 storage: K S, Q S and K^T X fp16) with fp32 accumulation.
+// Raw bf16 / fp16 inputs are exact operands; fp32 K / Q (arithmetic FAST) enter as bf16 hi + lo
+// (16 significant bits, the only rounding of an input); fp32 intermediates (S, R, X, T, P T) as
+// bf16 hi + lo, and a product of two split operands keeps hi hi + hi lo + lo hi (~2^-16 relative).
+// fp16: S and X, the B operands of the f16 products, as fp16 hi + lo (22 bits), each value column
+// scaled by a power of two into fp16's range first (fp16_range_scale of the column's largest
+// magnitude: the recurrence warps' partial maxima meet in shared memory, one more named barrier
+// each), the scale undone on K S, Q S and K^T X (exact), as the transposed scan does per row. V and
+// the norms are fp32 as given. Deterministic: fixed orders, no atomics.
 #pragma once
 
 #include <type_traits>
@@ -76,6 +80,34 @@ __device__ __forceinline__ void prefetch_kq_rows_l2(const KernelParams& p, const
   }
 }
 
+/// fp16's column scales: the largest magnitude in each column of this warp's NT 8-column mma C
+/// fragments v (rows g and g + 8, column 8 nt + 2 t4 + e), written by lanes 0-3 to dst[8 nt + 2 t4
+/// + e]; the warp leaves converged (it meets a barrier next).
+template <int NT>
+__device__ __forceinline__ void fragment_column_max(const float (&v)[NT][4], float* dst, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float m = fmaxf(fabsf(v[nt][e]), fabsf(v[nt][e + 2]));
+      m = fmaxf(m, __shfl_xor_sync(~0u, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(~0u, m, 8));
+      m = fmaxf(m, __shfl_xor_sync(~0u, m, 16));
+      if (lane < 4) dst[8 * nt + 2 * lane + e] = m;
+    }
+  __syncwarp();
+}
+/// Lane l's share of the column scales: fp16_range_scale of column l % VS's largest magnitude
+/// over ROWS partial maxima (pitch VS) at colmax; lane c then holds column c's scale, which the
+/// warp's other lanes take by shuffle.
+template <int VS, int ROWS>
+__device__ __forceinline__ float lane_column_scale(const float* colmax, int lane) {
+  float m = 0.f;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) m = fmaxf(m, colmax[r * VS + lane % VS]);
+  return fp16_range_scale(m);
+}
+
 template <class E, int KD, int VS>
 __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
     chunk_wy_scan_kernel(const KernelParams p, const char* __restrict__ ws,
@@ -84,9 +116,11 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
                          const __grid_constant__ CUtensorMap vmap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using R = WyRecord;
-  // fp16 / fp32: the K / Q tiles are the prep's images (hi + lo panels, write_wy_images) and
-  // enter every product as both parts; bf16: the raw TMA boxes.
-  constexpr bool kImages = !std::is_same_v<E, __nv_bfloat16>;
+  // fp32: the K / Q tiles are the prep's images (hi + lo panels, write_wy_images) and enter every
+  // product as both parts; bf16 / fp16: the raw TMA boxes, on the bf16 / f16 instruction (WE), S
+  // and X split into WE hi + lo (fp16: scaled per column, wy_scale_floats).
+  constexpr bool kImages = std::is_same_v<E, float>, kF16 = std::is_same_v<E, __half>;
+  using WE = std::conditional_t<kF16, __half, __nv_bfloat16>;
   using E2 =
       std::conditional_t<std::is_same_v<E, float>, float2,
                          std::conditional_t<std::is_same_v<E, __half>, __half2, __nv_bfloat162>>;
@@ -110,7 +144,7 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   extern __shared__ __align__(1024) char smem[];
   // Stage st: record (T_hi, T_lo, PT_hi, PT_lo, scalars) | K, Q, each [KD/64 panels][64][128 B
   // swizzled] (kmajor_sw128_offset with 64 rows a panel: wgmma operands, 128-byte TMA box rows;
-  // fp16 / fp32: each panel as hi then lo, the prep's images).
+  // fp32: each panel as hi then lo, the prep's images).
   auto st_rec = [&](int st) { return smem + st * kStage; };
   auto st_kq = [&](int st) { return smem + st * kStage + R::bytes; };  // K tile, then Q tile
   auto st_v = [&](int st) {
@@ -127,6 +161,11 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   auto* Rh = reinterpret_cast<__nv_bfloat16*>(Xs + kXSplit);  // [C][SP] R split
   __nv_bfloat16* Rl = Rh + C * SP;
   auto* full = reinterpret_cast<uint64_t*>(Rl + C * SP);  // stage st landed
+  // fp16: partial column maxima [8][VS] (row: the writer's row block), the state split's scales
+  // [2][VS] (buffer b's in row b), X's scales [VS].
+  float* colmax = reinterpret_cast<float*>(full + kStages);
+  float* taus = colmax + kWyRecWarps * VS;
+  float* sigs = taus + 2 * VS;
   static_assert(kSSplit % 1024 == 0 && (VS / GROUPS) % 8 == 0, "wgmma B tiles are 1024 B atoms");
   // One 16 x 8 tile (rows r0.., columns c0..) of a [row][column] matrix, held as an mma C
   // fragment v, split into a split B tile t (K-major: [2 VS rows (wy_split_row)][k = row]): one
@@ -134,8 +173,8 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   // addressing row l % 8 of matrix l / 8: 16 bytes, eight k of one value column.
   auto store_tile_kmajor = [&](char* t, int r0, int c0, float v0, float v1, float v2, float v3) {
     uint32_t h0, l0, h1, l1;
-    split_bf16x2(v0, v1, h0, l0);
-    split_bf16x2(v2, v3, h1, l1);
+    split_pair<WE>(v0, v1, h0, l0);
+    split_pair<WE>(v2, v3, h1, l1);
     const int l = int(threadIdx.x) & 31, m = l >> 3;
     stsm4_t(
         t + kmajor_sw128_offset(wy_split_row<VS>(c0 + (l & 7), m >> 1), r0 + (m & 1) * 8, 2 * VS),
@@ -169,14 +208,33 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   const bool state_warp = warp < MT * SCS;
   const int srow = SCS == 2 ? warp & 3 : warp, scol = SCS == 2 ? (warp >> 2) * (VS / 2) : 0;
   float sacc[SNJ][4] = {};
+  // fp16: each column scaled by tau (column_scale of the state warps' partial maxima, which the
+  // caller has published), kept in taus row b for the products that undo it.
   auto store_state_split = [&](int b) {
+    float mine = 1.f;  // fp16: column lane's scale
+    if constexpr (kF16) {
+      mine = lane_column_scale<VS, MT>(colmax, lane);
+      if (warp == 0 && lane < VS) taus[b * VS + lane] = mine;
+    }
 #pragma unroll
-    for (int nj = 0; nj < SNJ; ++nj)
-      store_tile_kmajor(s_split(b), srow * 16, scol + nj * 8, sacc[nj][0], sacc[nj][1], sacc[nj][2],
-                        sacc[nj][3]);
+    for (int nj = 0; nj < SNJ; ++nj) {
+      float tau[2] = {1.f, 1.f};
+      if constexpr (kF16)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) tau[e] = __shfl_sync(~0u, mine, scol + nj * 8 + 2 * t4 + e);
+      store_tile_kmajor(s_split(b), srow * 16, scol + nj * 8, tau[0] * sacc[nj][0],
+                        tau[1] * sacc[nj][1], tau[0] * sacc[nj][2], tau[1] * sacc[nj][3]);
+    }
     fence_proxy_async_shared();  // for the wgmma reads after the next barrier
   };
-  if (state_warp) {
+  if constexpr (kF16) {
+    if (state_warp) {
+      if (slot.in) load_state_fragments(sacc, slot.in, V, srow * 16, c0, scol, g, t4);
+      fragment_column_max(sacc, colmax + srow * VS + scol, lane);
+    }
+    __syncthreads();  // the partial maxima
+    if (state_warp) store_state_split(0);
+  } else if (state_warp) {
     if (slot.in) load_state_fragments(sacc, slot.in, V, srow * 16, c0, scol, g, t4);
     store_state_split(0);
   }
@@ -299,9 +357,21 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
       // VS = 8 one group: warpgroup 1 waits).
       if (step_a_warp) {
         const int mi = warp & 3, n0 = (warp >> 2) * (VS / GROUPS);
+        float kinv[NH][2];  // fp16: 1 / tau of this thread's columns, read before the products
+        if constexpr (kF16)
+#pragma unroll
+          for (int nt = 0; nt < NH; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              kinv[nt][e] = pow2_inverse(taus[sb * VS + n0 + nt * 8 + 2 * t4 + e]);
         float d[NH][4];
-        wg_times_split<KD / 16, 2 * VS / GROUPS, NH, false, kImages, kAPanel>(
+        wg_times_split<KD / 16, 2 * VS / GROUPS, NH, false, kImages, kAPanel, WE>(
             Kb, kALo, 0, s_split(sb) + (warp >> 2) * (2 * VS / GROUPS) * 128, 2 * VS * 128, d);
+        if constexpr (kF16)  // K (S diag(tau)): undo tau, column by column (exact)
+#pragma unroll
+          for (int nt = 0; nt < NH; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) d[nt][e] *= kinv[nt][e & 1];
         // R's 16 x 8 tiles split by one stmatrix each (hi rows mi*16.., +8.., then lo; lane l
         // addresses row l % 8 of matrix l / 8).
         const int m = lane >> 3, srow_r = mi * 16 + (m & 1) * 8 + (lane & 7);
@@ -329,7 +399,40 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
       // Step B. X = diag(update) T R. Warps w and w + 4 share a scheduler: w takes row block w,
       // w + 4 row block 3 - w (other column half), so each scheduler has 5 k-blocks (at VS = 8,
       // one 8-column tile: warps 0-3 alone).
-      if (GROUPS == 2 || warp < 4) {
+      if constexpr (kF16) {
+        // Each column of X scaled by sigma (its largest magnitude over the step's row blocks),
+        // kept in sigs for step C. Every recurrence warp meets the maxima's barrier at the same
+        // instruction (bar.sync is aligned), so the products sit in conditionals around it.
+        const bool bw = GROUPS == 2 || warp < 4;
+        const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / GROUPS);
+        float xv[NH][4];
+        if (bw) {
+          float d[NH][3][4] = {};
+          tri_split_times_split<NH, SP>(rec + R::th, rec + R::tl, Rh, Rl, mi, n0, d);
+          const float w0 = sc[kWyScUpd + mi * 16 + g], w1 = sc[kWyScUpd + mi * 16 + g + 8];
+#pragma unroll
+          for (int nt = 0; nt < NH; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              xv[nt][e] = (e < 2 ? w0 : w1) *
+                          (KLA_MUTANT(split_lo_dropped) ? d[nt][0][e] : parts_sum(d[nt], e));
+          fragment_column_max(xv, colmax + mi * VS + n0, lane);
+        }
+        named_bar_sync(kWyBarRec, kRecThreads);  // the partial maxima
+        if (bw) {
+          const float mine = lane_column_scale<VS, 4>(colmax, lane);  // column lane's
+          if (warp == 0 && lane < VS) sigs[lane] = mine;
+#pragma unroll
+          for (int nt = 0; nt < NH; ++nt) {
+            float sig[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) sig[e] = __shfl_sync(~0u, mine, n0 + nt * 8 + 2 * t4 + e);
+            store_tile_kmajor(Xs, mi * 16, n0 + nt * 8, sig[0] * xv[nt][0], sig[1] * xv[nt][1],
+                              sig[0] * xv[nt][2], sig[1] * xv[nt][3]);
+          }
+          fence_proxy_async_shared();  // X for step C's wgmma, after the barrier
+        }
+      } else if (GROUPS == 2 || warp < 4) {
         const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / GROUPS);
         float d[NH][3][4] = {};
         tri_split_times_split<NH, SP>(rec + R::th, rec + R::tl, Rh, Rl, mi, n0, d);
@@ -350,30 +453,63 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
       // Step C. S <- gamma_C S + K^T X (both warpgroups run the wgmma; the state warps keep
       // their block), split into the other buffer.
       {
+        float sinv[SNJ][2];  // fp16: 1 / sigma of this thread's columns (the mutant: 1)
+        if constexpr (kF16)
+#pragma unroll
+          for (int nj = 0; nj < SNJ; ++nj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              sinv[nj][e] = KLA_MUTANT(wy_column_scale_missed)
+                                ? 1.f
+                                : pow2_inverse(sigs[scol + nj * 8 + 2 * t4 + e]);
         float d[SNJ][4];
-        wg_times_split<C / 16, 2 * VS / SCS, NH, true, kImages, kAPanel>(  // K^T X: K^T
+        wg_times_split<C / 16, 2 * VS / SCS, NH, true, kImages, kAPanel, WE>(  // K^T X: K^T
             Kb, kALo, SCS == 2 ? 0 : (warp >> 2) * 64, Xs + 2 * scol * 128, 0, d);
         if (state_warp) {
           const float gend = sc[kWyGend];
+          if constexpr (kF16)  // K^T (X diag(sigma)): undo sigma (exact)
+#pragma unroll
+            for (int nj = 0; nj < SNJ; ++nj)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) d[nj][e] *= sinv[nj][e & 1];
 #pragma unroll
           for (int nj = 0; nj < SNJ; ++nj)
 #pragma unroll
             for (int e = 0; e < 4; ++e) sacc[nj][e] = fmaf(gend, sacc[nj][e], d[nj][e]);
-          store_state_split(sb ^ 1);  // read after the next chunk's first barrier
+          if constexpr (kF16)
+            fragment_column_max(sacc, colmax + srow * VS + scol, lane);
+          else
+            store_state_split(sb ^ 1);  // read after the next chunk's first barrier
+        }
+        if constexpr (kF16) {
+          named_bar_sync(kWyBarRec, kRecThreads);  // the state's partial maxima
+          if (state_warp) store_state_split(sb ^ 1);
         }
       }
     } else if (warp < kWyRecWarps + kWyReadWarps) {
-      // fp16 / fp32: the first read-out warp is the producer; its copies before its share of
-      // the read-out.
+      // fp32: the first read-out warp is the producer; its copies before its share of the
+      // read-out.
       if (!wy_own_producer(elem_of<E>()) && warp == kProducer) produce(ch);
       // Read-out of row block mi: O = diag(gamma qscale) Q S_ch + (P T) R, written out: Q S
       // while the recurrence warps form R, (P T) R once they have.
       const int mi = warp - kWyRecWarps;
       float o0[NJ][4];
       {
+        float qinv[NJ][2];  // fp16: 1 / tau of this thread's columns
+        if constexpr (kF16)
+#pragma unroll
+          for (int nj = 0; nj < NJ; ++nj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              qinv[nj][e] = pow2_inverse(taus[sb * VS + nj * 8 + 2 * t4 + e]);
         float d[NJ][4];
-        wg_times_split<KD / 16, 2 * VS, NH, false, kImages, kAPanel>(Qb, kALo, 0, s_split(sb),
-                                                                     2 * VS * 128, d);
+        wg_times_split<KD / 16, 2 * VS, NH, false, kImages, kAPanel, WE>(Qb, kALo, 0, s_split(sb),
+                                                                         2 * VS * 128, d);
+        if constexpr (kF16)  // Q (S diag(tau)): undo tau
+#pragma unroll
+          for (int nj = 0; nj < NJ; ++nj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) d[nj][e] *= qinv[nj][e & 1];
 #pragma unroll
         for (int nj = 0; nj < NJ; ++nj)
 #pragma unroll
@@ -393,12 +529,15 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
           pair.y = Dtype<E>::from_float(o0[nj][2 * hr + 1] + parts_sum(d[nj], 2 * hr + 1));
           *reinterpret_cast<E2*>(obase + (tb + i) * p.os[1] + cc) = pair;
         }
-      named_bar_sync(kWyBarPadRead, kWyReadWarps * 32);  // racecheck's count (see above)
+#pragma unroll
+      for (int i = 0; i < (kF16 ? 3 : 1); ++i)  // racecheck's count (see above; fp16: two more)
+        named_bar_sync(kWyBarPadRead, kWyReadWarps * 32);
     } else {
-      // bf16's producer warp.
+      // bf16 / fp16's producer warp.
       produce(ch);
-      named_bar_sync(kWyBarPadProducer, 32);  // racecheck's count (see above)
-      named_bar_sync(kWyBarPadProducer, 32);
+#pragma unroll
+      for (int i = 0; i < (kF16 ? 4 : 2); ++i)  // racecheck's count (see above)
+        named_bar_sync(kWyBarPadProducer, 32);
     }
   }
 
