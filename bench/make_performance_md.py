@@ -154,6 +154,20 @@ RECIPE_GOALS = {
 TC_PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}
 
 
+def render_prefill_rows(w, res):
+    """The prefill table (every non-sweep row of a side_by_side.py result)."""
+    w("| B×T×H | K, V | dtype | plan | ours | FLA | FLA+β | ratio | floor | ours % floor | "
+      "FLA % floor | rel RMS |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in [r for r in res["prefill"] if not r.get("sweep")]:
+        w(f"| {r['B']}×{r['T']}×{r['H']} | {r['K']}, {r['V']} | {r['dtype']} | "
+          f"{r.get('plan', '–')} | "
+          f"{f(r.get('ours'), '.3f')} | {f(r.get('fla'), '.3f')} | "
+          f"{f(r.get('fla_beta'), '.3f')} | {f(r.get('ratio'), '.2f')} | {r['floor']:.3f} | "
+          f"{f(r.get('ours_frac'), '.1%')} | {f(r.get('fla_frac'), '.1%')} | "
+          f"{f(r.get('rel_rms_ours_fla'), '.1e')} |")
+
+
 def nominal_flops(lengths, HV, K, V, C=64):
     """The chunkwise algorithm's tensor products once each, one part (FLA's count), for packed
     sequences of these lengths: per chunk and value head K Kᵀ, Q Kᵀ, W = T K (C·C·K each),
@@ -257,6 +271,9 @@ def main():
     ap.add_argument("--recipe-note", default="", help="where and at which commit it ran")
     ap.add_argument("--recipe-why", help="a Markdown file shown under the recipe table (why the "
                     "rows miss their goals; bench/notes/recipe_why.md)")
+    ap.add_argument("--rerun", help="a side_by_side.py output folder re-measuring prefill rows "
+                    "whose kernels changed after OUTDIR's run (shown under the prefill table)")
+    ap.add_argument("--rerun-note", default="", help="where and why it ran")
     ap.add_argument("--backward", help="bench/bench_backward.py's output folder (backward.json)")
     ap.add_argument("--backward-note", default="", help="where and at which commit it ran")
     ap.add_argument("--cp", nargs="+", help="bench/bench_cp.py's output folders (cp.json; "
@@ -334,17 +351,24 @@ def main():
           "call into the C ABI. Plan = the path and value slice the library's plan chose for "
           "the call (kla_plan_chunk_forward; docs/architecture.md).")
         w("")
-        w("| B×T×H | K, V | dtype | plan | ours | FLA | FLA+β | ratio | floor | ours % floor | "
-          "FLA % floor | rel RMS |")
-        w("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        main_rows = [r for r in sbs["prefill"] if not r.get("sweep")]
-        for r in main_rows:
-            w(f"| {r['B']}×{r['T']}×{r['H']} | {r['K']}, {r['V']} | {r['dtype']} | "
-              f"{r.get('plan', '–')} | "
-              f"{f(r.get('ours'), '.3f')} | {f(r.get('fla'), '.3f')} | "
-              f"{f(r.get('fla_beta'), '.3f')} | {f(r.get('ratio'), '.2f')} | {r['floor']:.3f} | "
-              f"{f(r.get('ours_frac'), '.1%')} | {f(r.get('fla_frac'), '.1%')} | "
-              f"{f(r.get('rel_rms_ours_fla'), '.1e')} |")
+        render_prefill_rows(w, sbs)
+        rerun = load_json(os.path.join(args.rerun, "side_by_side.json")) if args.rerun else None
+        if rerun and rerun.get("prefill"):
+            shutil.copyfile(os.path.join(args.rerun, "side_by_side.json"),
+                            os.path.join(plots_dir, "rerun.json"))
+            rm = rerun.get("meta", {})
+            w("")
+            w(f"#### Re-measured after the run above: {rm.get('gpu', '?')}, commit "
+              f"`{rm.get('build', {}).get('commit', '?')}`"
+              + (f" ({args.rerun_note})" if args.rerun_note else ""))
+            w("")
+            w("The rows whose kernels changed since the run above, with the bf16 rows beside them "
+              "for scale, FLA in the same run (`side_by_side.py --only 'prefill (bf16|fp16)|"
+              "accuracy (bf16|fp16)'`; copy rate "
+              f"{f(rm.get('copy_TBps'), '.2f')} TB/s). Compare ratios, not times, with the table "
+              "above where the GPUs differ.")
+            w("")
+            render_prefill_rows(w, rerun)
         sweep = sorted([r for r in sbs["prefill"] if r["dtype"] == "bf16" and r["B"] == 1 and
                         r["H"] == 16 and r["K"] == 128], key=lambda r: r["T"])
         if sweep:
@@ -551,13 +575,15 @@ def main():
     w("# the peers' recipe rows alone (they are also the last steps of the full run):")
     w("PYTHONPATH=/tmp/kla-site LD_LIBRARY_PATH=build-bench-gpu/dist python3 bench/side_by_side.py \\")
     w("    --lib build-bench-gpu/dist/libkla_cuda.so --out $OUT/sbs --budget 380 --only recipe")
+    w("# rows re-measured after a kernel change (shown under the prefill table with --rerun):")
+    w("    ... --out $OUT/sbs --budget 290 --only 'prefill (bf16|fp16)|accuracy (bf16|fp16)'")
     w("build/bench/kla_bench_reference --benchmark_out=ref.json --benchmark_out_format=json")
     w("# the backward, on the GPU machine (carry build-gpu/dist and .whl/fla):")
     w("PYTHONPATH=python KLA_CUDA_LIBRARY=build-gpu/dist/libkla_cuda.so.5 \\")
     w("    python3 bench/bench_backward.py --out $OUT/backward [--quick]")
     w("python3 bench/make_performance_md.py OUTDIR --reference ref.json --note '...' \\")
     w("    [--recipe RECIPE_OUTDIR --recipe-why bench/notes/recipe_why.md] \\")
-    w("    [--backward BACKWARD_OUTDIR] [--cp CP_OUTDIR]")
+    w("    [--rerun RERUN_OUTDIR] [--backward BACKWARD_OUTDIR] [--cp CP_OUTDIR]")
     w("# context parallelism, on a machine with several GPUs (carry build-gpu/dist):")
     w("PYTHONPATH=python KLA_CUDA_LIBRARY=$PWD/build-gpu/dist/libkla_cuda.so.5 \\")
     w("    python3 bench/bench_cp.py --out $OUT/cp --gpus 1 2 4 --fla   # (also PYTHONPATH+=FLA)")
