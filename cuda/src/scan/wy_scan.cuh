@@ -208,8 +208,9 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   const bool state_warp = warp < MT * SCS;
   const int srow = SCS == 2 ? warp & 3 : warp, scol = SCS == 2 ? (warp >> 2) * (VS / 2) : 0;
   float sacc[SNJ][4] = {};
-  // fp16: each column scaled by tau (column_scale of the state warps' partial maxima, which the
-  // caller has published), kept in taus row b for the products that undo it.
+  // fp16: each column scaled by tau (lane_column_scale of the state warps' partial maxima in
+  // colmax rows 0..MT-1, published by the caller's barrier), kept in taus row b for the products
+  // that undo it.
   auto store_state_split = [&](int b) {
     float mine = 1.f;  // fp16: column lane's scale
     if constexpr (kF16) {
