@@ -28,8 +28,9 @@ __device__ __forceinline__ void split_tf32_trunc(float x, uint32_t& h, uint32_t&
 }
 
 /// B fragment in the permuted k order of arch/mma_tf32.cuh (slots k = t, t + 4 hold columns 2t,
-/// 2t + 1), split cheaply. B(k, n) = TB ? s[n P + k] : s[k P + n].
-template <bool TB>
+/// 2t + 1), split cheaply; kExact: values exact in TF32 (raw bf16 / fp16), one part, lo = 0.
+/// B(k, n) = TB ? s[n P + k] : s[k P + n].
+template <bool TB, bool kExact = false>
 __device__ __forceinline__ FragB bwd_frag_b(const float* s, int P, int k0, int n0, int g, int t) {
   float x[2];
   if (TB) {
@@ -39,24 +40,13 @@ __device__ __forceinline__ FragB bwd_frag_b(const float* s, int P, int k0, int n
     x[0] = s[(k0 + 2 * t) * P + n0 + g], x[1] = s[(k0 + 2 * t + 1) * P + n0 + g];
   }
   FragB f;
-  split_tf32_trunc(x[0], f.h[0], f.l[0]);
-  split_tf32_trunc(x[1], f.h[1], f.l[1]);
-  return f;
-}
-
-/// B fragment of an operand exact in TF32 (raw bf16 / fp16 values): one part, lo = 0.
-template <bool TB>
-__device__ __forceinline__ FragB bwd_frag_b_exact(const float* s, int P, int k0, int n0, int g,
-                                                  int t) {
-  FragB f;
-  if (TB) {
-    const float2 a = *reinterpret_cast<const float2*>(s + (n0 + g) * P + k0 + 2 * t);
-    f.h[0] = __float_as_uint(a.x), f.h[1] = __float_as_uint(a.y);
+  if constexpr (kExact) {
+    f.h[0] = __float_as_uint(x[0]), f.h[1] = __float_as_uint(x[1]);
+    f.l[0] = f.l[1] = 0u;
   } else {
-    f.h[0] = __float_as_uint(s[(k0 + 2 * t) * P + n0 + g]);
-    f.h[1] = __float_as_uint(s[(k0 + 2 * t + 1) * P + n0 + g]);
+    split_tf32_trunc(x[0], f.h[0], f.l[0]);
+    split_tf32_trunc(x[1], f.h[1], f.l[1]);
   }
-  f.l[0] = f.l[1] = 0u;
   return f;
 }
 
@@ -69,7 +59,7 @@ enum class BwdTiles { kWidest, kEveryWarp };
 /// The units of block_gemm: 16 x (8 NT) output tiles. kExactB: B holds values exact in TF32 (raw
 /// 16-bit inputs), so its lo part is zero and the product A_hi B_lo is skipped (its chain stays
 /// +0, as the skipped products would have left it for finite inputs).
-template <bool TA, bool TB, bool kAccumulate, int NT, int kUnroll, bool kExactB>
+template <bool TA, bool TB, bool kAccumulate, int NT, bool kExactB>
 __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const float* __restrict__ A,
                                                  int lda, const float* __restrict__ B, int ldb,
                                                  float* C, int ldc, float alpha) {
@@ -79,14 +69,13 @@ __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const flo
   for (int u = warp; u < units; u += nwarps) {
     const int i0 = (u / un) * 16, n0 = (u % un) * 8 * NT;
     float d[NT][3][4] = {};  // [n tile][chain][element]
-#pragma unroll kUnroll
+#pragma unroll 2             // the next k-step's fragment loads overlap this one's products
     for (int k = 0; k < KD; k += 8) {
       const FragA a =
           TA ? load_a_t_perm<true>(A, lda, i0, k, g, t) : load_a_perm<true>(A, lda, i0, k, g, t);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const FragB b = kExactB ? bwd_frag_b_exact<TB>(B, ldb, k, n0 + 8 * j, g, t)
-                                : bwd_frag_b<TB>(B, ldb, k, n0 + 8 * j, g, t);
+        const FragB b = bwd_frag_b<TB, kExactB>(B, ldb, k, n0 + 8 * j, g, t);
         mma3<true, !kExactB>(d[j][0], d[j][1], d[j][2], a, b);
       }
     }
@@ -103,21 +92,18 @@ __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const flo
 
 /// C = alpha op(A) op(B) (+ C) by the whole block; see the top of this file.
 template <bool TA, bool TB, bool kAccumulate, BwdTiles kTiles = BwdTiles::kEveryWarp,
-          int kUnroll = 2, bool kExactB = false>
+          bool kExactB = false>
 __device__ __forceinline__ void block_gemm(int M, int N, int KD, const float* __restrict__ A,
                                            int lda, const float* __restrict__ B, int ldb, float* C,
                                            int ldc, float alpha) {
   const int warps = int(blockDim.x >> 5), rows = M / 16;
   constexpr bool every = kTiles == BwdTiles::kEveryWarp;
   if (N % 32 == 0 && (!every || rows * (N / 32) >= warps)) {
-    block_gemm_units<TA, TB, kAccumulate, 4, kUnroll, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
-                                                               alpha);
+    block_gemm_units<TA, TB, kAccumulate, 4, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
   } else if (every && N % 16 == 0 && rows * (N / 16) >= warps) {
-    block_gemm_units<TA, TB, kAccumulate, 2, kUnroll, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
-                                                               alpha);
+    block_gemm_units<TA, TB, kAccumulate, 2, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
   } else {
-    block_gemm_units<TA, TB, kAccumulate, 1, kUnroll, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
-                                                               alpha);
+    block_gemm_units<TA, TB, kAccumulate, 1, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
   }
 }
 

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
   }
   __syncthreads();
   // X = M^T dY (the state-gradient scan's output term), before Xs becomes A^-1.
-  block_gemm<true, false, false, BwdTiles::kEveryWarp, 2, sizeof(E) == 2>(
+  block_gemm<true, false, false, BwdTiles::kEveryWarp, sizeof(E) == 2>(
       C, V, C, Xs, PC, Ys, PV, rec + R.du, V, 1.f);  // dY raw: exact in TF32 for 16-bit E
   __syncthreads();
   // A^-1 (prep/invert.cuh: diagonal blocks by substitution, the rest by the blocked recurrence
