@@ -47,9 +47,10 @@ __device__ __forceinline__ void bwd_load_rows(float* dst, int pitch, const E* ba
     for (int u = 0; u < 4; ++u) {
       ri[u] = at.i, rc[u] = at.c * VE;
       at.next();
-      raw[u] = ri[u] < L ? *reinterpret_cast<const uint4*>(base + b * st[0] + (tb + ri[u]) * st[1] +
-                                                           int64_t(head) * st[2] + rc[u])
-                         : make_uint4(0u, 0u, 0u, 0u);
+      raw[u] = ri[u] < kChunk && ri[u] < L
+                   ? *reinterpret_cast<const uint4*>(base + b * st[0] + (tb + ri[u]) * st[1] +
+                                                     int64_t(head) * st[2] + rc[u])
+                   : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {

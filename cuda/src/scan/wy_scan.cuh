@@ -400,10 +400,10 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
       // Step B. X = diag(update) T R. Warps w and w + 4 share a scheduler: w takes row block w,
       // w + 4 row block 3 - w (other column half), so each scheduler has 5 k-blocks (at VS = 8,
       // one 8-column tile: warps 0-3 alone).
-      // fp16: each column of X scaled by sigma (its largest magnitude over the step's row blocks),
-      // kept in sigs for step C. Every recurrence warp meets the maxima's barrier at the same
-      // instruction (bar.sync is aligned), so the products sit in conditionals around it.
-      {
+      if constexpr (kF16) {
+        // Each column of X scaled by sigma (its largest magnitude over the step's row blocks),
+        // kept in sigs for step C. Every recurrence warp meets the maxima's barrier at the same
+        // instruction (bar.sync is aligned), so the products sit in conditionals around it.
         const bool bw = GROUPS == 2 || warp < 4;
         const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / GROUPS);
         float xv[NH][4];
@@ -414,31 +414,39 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
 #pragma unroll
           for (int nt = 0; nt < NH; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)  // (the mutant keeps the hi hi part alone)
+            for (int e = 0; e < 4; ++e)
               xv[nt][e] = (e < 2 ? w0 : w1) *
                           (KLA_MUTANT(split_lo_dropped) ? d[nt][0][e] : parts_sum(d[nt], e));
-          if constexpr (kF16) fragment_column_max(xv, colmax + mi * VS + n0, lane);
+          fragment_column_max(xv, colmax + mi * VS + n0, lane);
         }
-        if constexpr (kF16) named_bar_sync(kWyBarRec, kRecThreads);  // the partial maxima
+        named_bar_sync(kWyBarRec, kRecThreads);  // the partial maxima
         if (bw) {
-          float mine = 1.f;  // fp16: column lane's sigma
-          if constexpr (kF16) {
-            mine = lane_column_scale<VS, 4>(colmax, lane);
-            if (warp == 0 && lane < VS) sigs[lane] = mine;
-          }
+          const float mine = lane_column_scale<VS, 4>(colmax, lane);  // column lane's
+          if (warp == 0 && lane < VS) sigs[lane] = mine;
 #pragma unroll
           for (int nt = 0; nt < NH; ++nt) {
-            if constexpr (kF16) {
-              float sig[2];
+            float sig[2];
 #pragma unroll
-              for (int e = 0; e < 2; ++e) sig[e] = __shfl_sync(~0u, mine, n0 + nt * 8 + 2 * t4 + e);
-#pragma unroll
-              for (int e = 0; e < 4; ++e) xv[nt][e] *= sig[e & 1];
-            }
-            store_tile_kmajor(Xs, mi * 16, n0 + nt * 8, xv[nt][0], xv[nt][1], xv[nt][2], xv[nt][3]);
+            for (int e = 0; e < 2; ++e) sig[e] = __shfl_sync(~0u, mine, n0 + nt * 8 + 2 * t4 + e);
+            store_tile_kmajor(Xs, mi * 16, n0 + nt * 8, sig[0] * xv[nt][0], sig[1] * xv[nt][1],
+                              sig[0] * xv[nt][2], sig[1] * xv[nt][3]);
           }
           fence_proxy_async_shared();  // X for step C's wgmma, after the barrier
         }
+      } else if (GROUPS == 2 || warp < 4) {
+        const int mi = warp < 4 ? warp : 7 - warp, n0 = (warp >> 2) * (VS / GROUPS);
+        float d[NH][3][4] = {};
+        tri_split_times_split<NH, SP>(rec + R::th, rec + R::tl, Rh, Rl, mi, n0, d);
+        const float w0 = sc[kWyScUpd + mi * 16 + g], w1 = sc[kWyScUpd + mi * 16 + g + 8];
+        // (The mutant keeps the hi hi part alone.)
+        auto x = [&](int nt, int e) {
+          return KLA_MUTANT(split_lo_dropped) ? d[nt][0][e] : parts_sum(d[nt], e);
+        };
+#pragma unroll
+        for (int nt = 0; nt < NH; ++nt)
+          store_tile_kmajor(Xs, mi * 16, n0 + nt * 8, w0 * x(nt, 0), w0 * x(nt, 1), w1 * x(nt, 2),
+                            w1 * x(nt, 3));
+        fence_proxy_async_shared();  // X for step C's wgmma, after the barrier
       }
       KLA_WY_MARK(4);
       named_bar_sync(kWyBarRec, kRecThreads);  // X visible to the state warps
