@@ -20,7 +20,10 @@ one-part columns round to bf16 for fp16 storage too: harsher than FLA's fp16 (on
 than the fp16 FAST kernel (one fp16 part, each value column scaled into range); the precision
 report's arithmetic models (tools/report/arith_models.cpp) round fp16 as those do.
 
-    python3 tools/state_precision_study.py [--T 2048] [--seed 7] [--out table.md]
+    python3 tools/state_precision_study.py [--T 2048] [--seed 7] [--fp32] [--out table.md]
+
+--fp32 asks the same of fp32 storage (round 2, session 9): which operands the WY path would need
+at 24 bits (three bf16 parts) for the fp32 ACCURATE target (1e-5), its K and Q included.
 
 Needs numpy. Prints a progress line per case on stderr and the markdown tables on stdout.
 """
@@ -46,7 +49,7 @@ def fp32(x):
 
 
 def to_dtype(x, dt):
-    return bf16(x) if dt == "bf16" else fp16(x)
+    return bf16(x) if dt == "bf16" else fp16(x) if dt == "fp16" else fp32(x)
 
 
 def fp16_scaled(x, axis):
@@ -69,6 +72,10 @@ def operand(x, mode, axis):
         return hi + bf16(x - hi)
     if mode == "bf16":
         return bf16(x)
+    if mode == "bf16 x3":  # three bf16 parts: 24 significant bits, an fp32 value's own
+        hi = bf16(x)
+        mid = bf16(fp32(x - hi))
+        return hi + mid + bf16(fp32(x - hi - mid))
     if mode == "fp16 scaled":
         return fp16_scaled(x, axis)
     if mode == "fp16 hi+lo scaled":
@@ -87,6 +94,18 @@ ARITHMETICS = [
     ("S, R, T / P T one bf16 part", "bf16", "bf16 hi+lo", "bf16"),
     ("all one bf16 part (FLA's)", "bf16", "bf16", "bf16"),  # last: the FAST contract's bar
 ]
+# fp32 storage (--fp32): (name, S, X, R and T / P T, K and Q). The first is the WY path's fp32
+# arithmetic (FAST: K and Q as the prep's bf16 hi + lo images); the others ask which operands an
+# fp32 ACCURATE on that path (1e-5) would need at 24 bits (three bf16 parts).
+FP32_ARITHMETICS = [
+    ("WY fp32 today (FAST)", "bf16 hi+lo", "bf16 hi+lo", "bf16 hi+lo", "bf16 hi+lo"),
+    ("K, Q 24 bits", "bf16 hi+lo", "bf16 hi+lo", "bf16 hi+lo", "bf16 x3"),
+    ("K, Q, R, T 24 bits", "bf16 hi+lo", "bf16 hi+lo", "bf16 x3", "bf16 x3"),
+    ("all but X 24 bits", "bf16 x3", "bf16 hi+lo", "bf16 x3", "bf16 x3"),
+    ("every operand 24 bits", "bf16 x3", "bf16 x3", "bf16 x3", "bf16 x3"),
+]
+STRESSES = ["accuracy test", "exact projection", "repeated keys", "colinear keys",
+            "nearly colinear keys", "zero keys, eps = 0", "value outliers"]
 
 
 def draw(T, K, V, dt, seed, stress, decay):
@@ -138,10 +157,12 @@ def tokenwise(d):
     return o, S
 
 
-def chunked(d, mode_s, mode_x, mode_r, C=64):
+def chunked(d, mode_s, mode_x, mode_r, mode_k="exact", C=64):
     """SPEC §1's chunk step with each tensor-core operand rounded; sums and the rest in float64
-    (the kernels' fp32 accumulators and scalars are ~2^-24: far below every effect here)."""
+    (the kernels' fp32 accumulators and scalars are ~2^-24: far below every effect here). mode_k
+    rounds K and Q in every product (fp32 storage; 16-bit inputs are exact operands)."""
     q, k, v, g, b = d["q"], d["k"], d["v"], d["g"], beta(d)
+    q, k = operand(q, mode_k, 0), operand(k, mode_k, 0)
     T = k.shape[0]
     S = np.zeros((k.shape[1], v.shape[1]))
     o = np.empty((T, v.shape[1]))
@@ -168,18 +189,49 @@ def rel_rms(x, ref):
     return np.linalg.norm(x - ref) / np.linalg.norm(ref)
 
 
+def fp32_table(T, seed, target=1e-5):
+    """The --fp32 table: o rel-RMS (final state in parentheses) of each FP32_ARITHMETICS column
+    on every input set, bold above the target, and each column's worst."""
+    lines = [f"### fp32 storage (ACCURATE target {target:g}): o rel-RMS, final state rel-RMS in "
+             f"parentheses; T = {T}, K = V = 128", "",
+             "| inputs | alpha | " + " | ".join(x[0] for x in FP32_ARITHMETICS) + " |",
+             "|---|---" + "|---" * len(FP32_ARITHMETICS) + "|"]
+    worst = [0.0] * len(FP32_ARITHMETICS)
+    for stress in STRESSES:
+        for decay, alpha in ((0.1, "[e^-0.1, 1]"), (0.0, "1")):
+            print(f"state_precision_study: fp32 {stress}, alpha {alpha}", file=sys.stderr,
+                  flush=True)
+            d = draw(T, 128, 128, "fp32", seed, stress, decay)
+            o_ref, s_ref = tokenwise(d)
+            cells = []
+            for i, (_, ms, mx, mr, mk) in enumerate(FP32_ARITHMETICS):
+                o, s = chunked(d, ms, mx, mr, mk)
+                e = rel_rms(fp32(o), o_ref)
+                worst[i] = max(worst[i], e)
+                mark = "**" if e > target else ""
+                cells.append(f"{mark}{e:.2e}{mark} ({rel_rms(s, s_ref):.0e})")
+            lines.append(f"| {stress} | {alpha} | " + " | ".join(cells) + " |")
+    lines += ["", "Bold: above the target.", "", "Each column's worst o rel-RMS over the inputs:",
+              "", "| " + " | ".join(x[0] for x in FP32_ARITHMETICS) + " |",
+              "|---" * len(FP32_ARITHMETICS) + "|",
+              "| " + " | ".join(f"{w:.2e}" for w in worst) + " |", ""]
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--T", type=int, default=2048, help="tokens (default 2048)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", help="also write the tables to this file")
+    ap.add_argument("--fp32", action="store_true",
+                    help="fp32 storage instead: which operands an fp32 ACCURATE (1e-5) on the WY "
+                         "path needs at 24 bits")
     a = ap.parse_args()
     if a.T < 1:
         sys.exit("state_precision_study: --T must be positive")
-    stresses = ["accuracy test", "exact projection", "repeated keys", "colinear keys",
-                "nearly colinear keys", "zero keys, eps = 0", "value outliers"]
-    lines = []
-    for dt, target in (("bf16", 2e-3), ("fp16", 3e-4)):
+    stresses = STRESSES
+    lines = fp32_table(a.T, a.seed) if a.fp32 else []
+    for dt, target in () if a.fp32 else (("bf16", 2e-3), ("fp16", 3e-4)):
         lines += [f"### {dt} storage (target {target:g}): o rel-RMS, final state rel-RMS in "
                   f"parentheses; T = {a.T}, K = V = 128", "",
                   "| inputs | alpha | " + " | ".join(x[0] for x in ARITHMETICS) + " |",
