@@ -65,7 +65,7 @@ cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_
   // prep's images instead. V: the transposed scan's 64-column swizzled boxes, or the scan's slice
   // where it goes through the stages (wy_v_in_smem).
   CUtensorMap kmap{}, qmap{}, vmap{};
-  if (!std::is_same_v<E, float>) {
+  if (!wy_kq_images(elem_of<E>())) {
     if (!make_tile_map<E>(kmap, p.k, p.ks, p, KD, p.H, 64, true) ||
         !make_tile_map<E>(qmap, p.q, p.qs, p, KD, p.H, 64, true)) {
       what = "the driver refused the tensor map of k or q";

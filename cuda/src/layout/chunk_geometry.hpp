@@ -77,10 +77,16 @@ constexpr int64_t ws_record_bytes(int64_t K, int64_t V) {
   return tf32 > wy ? tf32 : wy;
 }
 
-/// Whether a call's WY scan reads K / Q images: fp32 with arithmetic FAST (bf16 / fp16 tiles are
-/// exact wgmma operands as they are). Takes the kla_dtype / kla_arithmetic values.
+/// Whether the WY path's [token][column] scan takes K and Q as the prep's images (fp32: split into
+/// bf16 hi + lo) rather than by tensor copies of the raw tiles (bf16 / fp16: exact operands of the
+/// bf16 / f16 wgmma). The transposed scan always takes the raw tiles.
+constexpr bool wy_kq_images(Elem e) {
+  return e == Elem::F32;
+}
+/// Whether a call's WY scan reads K / Q images: fp32 runs the WY path with arithmetic FAST only.
+/// Takes the kla_dtype / kla_arithmetic values.
 constexpr bool wy_needs_images(int dtype, int arithmetic) {
-  return dtype == int(Elem::F32) && arithmetic == 1 /* FAST */;
+  return wy_kq_images(Elem(dtype)) && arithmetic == 1 /* FAST */;
 }
 /// Bytes of one K or Q image, 0 where none is kept (no images wanted, or K off the WY list).
 constexpr int64_t wy_image_bytes(int64_t K, bool images) {

@@ -92,7 +92,7 @@ constexpr int wy_groups(int VS) {
 /// of the bf16 / f16 instruction); fp32, the prep's image of the tile split into bf16 hi + lo
 /// (each 64-column panel as its hi panel, then its lo panel).
 constexpr int64_t wy_kq_tile_bytes(Elem e, int KD) {
-  return e == Elem::F32 ? 2 * wy_tile_bytes(KD) : wy_tile_bytes(KD);
+  return wy_kq_images(e) ? 2 * wy_tile_bytes(KD) : wy_tile_bytes(KD);
 }
 static_assert(wy_image_bytes(64, true) == wy_kq_tile_bytes(Elem::F32, 64) &&
                   wy_image_bytes(96, true) == wy_kq_tile_bytes(Elem::F32, 96) &&

@@ -75,7 +75,7 @@ std::string wy_can_implement(const Problem& pb, const DeviceInfo& dev, const Bui
   const int es = layout::elem_bytes(pb.elem);
   const int64_t B = pb.packed ? 1 : pb.N;
   if (auto s = tensor_map_can_encode("v", p.v_strides, B, pb.T, pb.HV, es); !s.empty()) return s;
-  if (pb.elem != layout::Elem::F32) {  // bf16 / fp16 K and Q by tensor copies (fp32: images)
+  if (!layout::wy_kq_images(pb.elem)) {  // K and Q by tensor copies
     if (auto s = tensor_map_can_encode("k", p.k_strides, B, pb.T, pb.H, es); !s.empty()) return s;
     if (auto s = tensor_map_can_encode("q", p.q_strides, B, pb.T, pb.H, es); !s.empty()) return s;
   }

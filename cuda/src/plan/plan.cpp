@@ -98,7 +98,7 @@ void fill_wy(const Problem& pb, int VS, Plan& out) {
   out.prep_blocks = pb.max_chunks * pb.HV * pb.N;
   out.smem_bytes = layout::wy_scan_smem_bytes(pb.elem, K, VS);
   out.prep_smem_bytes = layout::wy_prep_layout(pb.elem, K).bytes;
-  out.prep_images = pb.elem == Elem::F32;  // bf16 / fp16 K and Q go by tensor copies
+  out.prep_images = layout::wy_kq_images(pb.elem);
   const int64_t image = layout::wy_image_bytes(K, out.prep_images);
   out.workspace_bytes =
       records_bytes(pb) + layout::chunk_slots(pb.N, pb.T, pb.packed) * 2 * pb.H * image;

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kWyPrepThreads, sizeof(E) == 4 ? 3 : 4)
   char* rec = ws + (slot * p.HV + hv) * (p.ws_record_floats * 4);
   // fp32: the K / Q images every value slice of the scan reads, once per key head (by its
   // group's first value head); bf16 / fp16 K and Q go to the scans by tensor copies as they are.
-  if constexpr (std::is_same_v<E, float>)
+  if constexpr (wy_kq_images(elem_of<E>()))
     if (p.ws_images && (p.HV == p.H || hv % (p.HV / p.H) == 0))
       write_wy_images<KD>(Kr, Qr, KP, wy_image_pair<KD>(p, slot, h));
   // Unit u < 10: K K^T tile, else Q K^T tile (the 10 lower 16 x 16 tiles of each); tile tl -> (row

@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   // fp32: the K / Q tiles are the prep's images (hi + lo panels, write_wy_images) and enter every
   // product as both parts; bf16 / fp16: the raw TMA boxes, on the bf16 / f16 instruction (WE), S
   // and X split into WE hi + lo (fp16: scaled per column, wy_scale_floats).
-  constexpr bool kImages = std::is_same_v<E, float>, kF16 = std::is_same_v<E, __half>;
+  constexpr bool kImages = wy_kq_images(elem_of<E>()), kF16 = std::is_same_v<E, __half>;
   using WE = std::conditional_t<kF16, __half, __nv_bfloat16>;
   using E2 =
       std::conditional_t<std::is_same_v<E, float>, float2,
