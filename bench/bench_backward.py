@@ -11,8 +11,9 @@ initial state in and the final state out, l2-normalised q and k in the kernel
 of o and of the final state. Each library runs its chunk_gated_delta_rule (beta given: exactly the
 peers' computation) through torch.autograd; "bwd" is the backward alone (torch.autograd.backward
 on a retained graph, replayed), "fwd+bwd" both. Medians of CUDA-event timings after warm-up.
-kla's forward saves nothing but its inputs; its backward recomputes each chunk's state into the
-workspace (kla_backward_workspace_size, reported).
+"kla FAST" is the same call with arithmetic='fast' (the backward's products on one TF32 part
+an operand, kla.h). kla's forward saves nothing but its inputs; its backward recomputes each
+chunk's state into the workspace (kla_backward_workspace_size, reported).
 
 Accuracy (--accuracy, on by default): on a smaller problem, each gradient of kla's and FLA's
 bf16 backward against float64 gradients of the same rounded inputs (kla.torch_impl, autograd in
@@ -144,9 +145,15 @@ def run_speed(fn, leaves, cu, do, dht, reps):
     return t_both, t_bwd, peak
 
 
-def kla_fn(q, k, v, g, beta, h0, cu):
+def kla_fn(q, k, v, g, beta, h0, cu, arithmetic="accurate"):
     return kla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                      cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+                                      cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                      arithmetic=arithmetic)
+
+
+def kla_fast_fn(q, k, v, g, beta, h0, cu):
+    """kla with arithmetic 'fast' (forward and backward: kla.h)."""
+    return kla_fn(q, k, v, g, beta, h0, cu, arithmetic="fast")
 
 
 def ref_fn(q, k, v, g, beta, h0, cu):
@@ -181,6 +188,7 @@ def main():
     ap.add_argument("--out", default="out/backward")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--no-speed", action="store_true", help="only the accuracy tables")
     ap.add_argument("--quick", action="store_true", help="only the 8192-token row, fewer reps")
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
@@ -195,6 +203,8 @@ def main():
             ("1x8192", [8192])]
     if a.quick:
         rows = rows[2:]
+    if a.no_speed:
+        rows = []
     for name, lengths in rows:
         leaves, cu, do, dht = inputs(lengths, H, HV, D, torch.bfloat16, seed=0)
         row = {"case": name, "lengths": lengths}
@@ -207,6 +217,9 @@ def main():
         t_both, t_bwd, peak = run_speed(kla_fn, leaves, cu, do, dht, a.reps)
         row.update(kla_fwd_bwd_ms=t_both, kla_bwd_ms=t_bwd, kla_peak_GiB=peak)
         log(f"{name}: kla bwd {t_bwd:.3f} ms, fwd+bwd {t_both:.3f} ms, peak {peak:.2f} GiB")
+        t_both, t_bwd, _ = run_speed(kla_fast_fn, leaves, cu, do, dht, a.reps)
+        row.update(kla_fast_fwd_bwd_ms=t_both, kla_fast_bwd_ms=t_bwd)
+        log(f"{name}: kla FAST bwd {t_bwd:.3f} ms, fwd+bwd {t_both:.3f} ms")
         if fla_gdr is not None:
             try:
                 t_both, t_bwd, peak = run_speed(make_fla_fn(fla_gdr), leaves, cu, do, dht, a.reps)
@@ -232,6 +245,8 @@ def main():
             row = {"family": fam}
             ours = grads_of(kla_fn, leaves, cu, do, dht)
             row["kla"] = {n: rel_rms(x, r) for n, x, r in zip(names, ours, ref)}
+            ours = grads_of(kla_fast_fn, leaves, cu, do, dht)
+            row["kla FAST"] = {n: rel_rms(x, r) for n, x, r in zip(names, ours, ref)}
             if fla_gdr is not None:
                 try:
                     theirs = grads_of(make_fla_fn(fla_gdr), leaves, cu, do, dht)
@@ -246,15 +261,17 @@ def main():
     lines = [f"Device: {dev_name}; torch {torch.__version__}; FLA {fla_info}.", ""]
     if fla_info and fla_info.get("guard_bypassed"):
         lines += [FLA_NOTE + ".", ""]
-    lines += ["| case | kla bwd ms | FLA bwd ms | kla fwd+bwd ms | FLA fwd+bwd ms | "
-              "kla workspace GiB | kla peak GiB | FLA peak GiB |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| case | kla bwd ms | kla FAST bwd ms | FLA bwd ms | kla fwd+bwd ms | "
+              "kla FAST fwd+bwd ms | FLA fwd+bwd ms | kla workspace GiB | kla peak GiB | "
+              "FLA peak GiB |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
 
     def f3(x):
         return f"{x:.3f}" if isinstance(x, float) else "-"
     for r in result["speed"]:
-        lines.append(f"| {r['case']} | {f3(r['kla_bwd_ms'])} | {f3(r.get('fla_bwd_ms'))} | "
-                     f"{f3(r['kla_fwd_bwd_ms'])} | {f3(r.get('fla_fwd_bwd_ms'))} | "
+        lines.append(f"| {r['case']} | {f3(r['kla_bwd_ms'])} | {f3(r['kla_fast_bwd_ms'])} | "
+                     f"{f3(r.get('fla_bwd_ms'))} | {f3(r['kla_fwd_bwd_ms'])} | "
+                     f"{f3(r['kla_fast_fwd_bwd_ms'])} | {f3(r.get('fla_fwd_bwd_ms'))} | "
                      f"{f3(r['kla_workspace_GiB'])} | {f3(r['kla_peak_GiB'])} | "
                      f"{f3(r.get('fla_peak_GiB'))} |")
     if result["accuracy"]:
@@ -263,7 +280,7 @@ def main():
                   "| family | library | dq | dk | dv | dg | dbeta | dh0 |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in result["accuracy"]:
-            for lib in ("kla", "fla"):
+            for lib in ("kla", "kla FAST", "fla"):
                 if lib in r:
                     cells = " | ".join(f"{r[lib][n]:.2e}" for n in names)
                     lines.append(f"| {r['family']} | {lib} | {cells} |")

@@ -519,17 +519,28 @@ def main():
               "wrong dq / dk / dg there); the script bypassed that guard, so FLA's rows are what "
               "a user who forces it gets.")
         w("")
-        w("| case | kla bwd ms | FLA bwd ms | kla fwd+bwd ms | FLA fwd+bwd ms | FlashQLA bwd "
-          "(published, H200) | goal | kla workspace GiB | kla peak GiB | FLA peak GiB |")
-        w("|---|---|---|---|---|---|---|---|---|---|")
+        fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
+        if fast:
+            w("")
+            w("kla FAST: the same call with `arithmetic=\"fast\"` (the backward's products on one "
+              "TF32 part an operand: docs/accuracy.md, 'Backward', has its errors beside FLA's).")
+        w("")
+        w("| case | kla bwd ms |" + (" kla FAST bwd ms |" if fast else "") + " FLA bwd ms | "
+          "kla fwd+bwd ms |" + (" kla FAST fwd+bwd ms |" if fast else "") + " FLA fwd+bwd ms | "
+          "FlashQLA bwd (published, H200) | goal | kla workspace GiB | kla peak GiB | "
+          "FLA peak GiB |")
+        w("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fast else ""))
         published = {"1x32768": ("2.515", "≤ 2.5"), "8 seqs, 32768 total": ("2.893", "≤ 2.9"),
                      "1x8192": ("0.789", "≤ 0.79")}
         for r in bwd.get("speed", []):
             pub, goal = published.get(r["case"], ("–", "–"))
-            w(f"| {r['case']} | {f(r.get('kla_bwd_ms'), '.3f')} | {f(r.get('fla_bwd_ms'), '.3f')} "
-              f"| {f(r.get('kla_fwd_bwd_ms'), '.3f')} | {f(r.get('fla_fwd_bwd_ms'), '.3f')} | "
-              f"{pub} | {goal} | {f(r.get('kla_workspace_GiB'), '.2f')} | "
-              f"{f(r.get('kla_peak_GiB'), '.2f')} | {f(r.get('fla_peak_GiB'), '.2f')} |")
+            fb = f" {f(r.get('kla_fast_bwd_ms'), '.3f')} |" if fast else ""
+            ffb = f" {f(r.get('kla_fast_fwd_bwd_ms'), '.3f')} |" if fast else ""
+            w(f"| {r['case']} | {f(r.get('kla_bwd_ms'), '.3f')} |{fb} "
+              f"{f(r.get('fla_bwd_ms'), '.3f')} | {f(r.get('kla_fwd_bwd_ms'), '.3f')} |{ffb} "
+              f"{f(r.get('fla_fwd_bwd_ms'), '.3f')} | {pub} | {goal} | "
+              f"{f(r.get('kla_workspace_GiB'), '.2f')} | {f(r.get('kla_peak_GiB'), '.2f')} | "
+              f"{f(r.get('fla_peak_GiB'), '.2f')} |")
         w("")
     cp = merge_cp([load_json(os.path.join(d, "cp.json")) for d in args.cp]) if args.cp else None
     if cp:

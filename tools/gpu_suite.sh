@@ -115,19 +115,21 @@ if [[ -n ${KLA_SUITE_MUTANT:-} ]]; then
   echo "gpu_suite: kernel mutant $KLA_SUITE_MUTANT left planted in every test step" | tee -a "$LOG"
 fi
 
-# run_mutant NAME PIN: the GPU tests against the mutant library with fault NAME active, chunkwise
-# calls pinned to PIN: the kernel tests, then (if they let it through) the properties with fewer
-# cases, then the accuracy test. Passes when a binary rejects the fault (some test fails: exit 1);
+# run_mutant NAME PIN [BINARIES]: the GPU tests against the mutant library with fault NAME active,
+# chunkwise calls pinned to PIN: the kernel tests, then (if they let it through) the properties
+# with fewer cases, then the accuracy test, then the backward's (BINARIES: only these, for a fault
+# that only the backward runs). Passes when a binary rejects the fault (some test fails: exit 1);
 # exit 2 (no such mutant, or the release library) fails the step.
 MUTANT_ROWS=()
 run_mutant() {
   local name=$1 pin=$2 step="mutant-$1"
+  local bins=${3:-test_cuda_kernels test_cuda_props test_cuda_accuracy test_cuda_backward}
   if [[ -n ${KLA_SUITE_STEPS:-} ]] && ! [[ $step =~ ^(${KLA_SUITE_STEPS})$ ]]; then
     SUMMARY+=("$(printf '| %-24s | not run (KLA_SUITE_STEPS) |' "$step")")
     return
   fi
   local t0=$SECONDS rejected="" rcs=""
-  for bin in test_cuda_kernels test_cuda_props test_cuda_accuracy test_cuda_backward; do
+  for bin in $bins; do
     local tmp=$OUTDIR/.mutant.log
     echo "===== $step: $bin --kla_path=$pin --kla_mutant=$name" | tee -a "$LOG"
     LD_LIBRARY_PATH=$DIST/mutants:$LD_LIBRARY_PATH RC_PARAMS="max_success=8 noshrink=1" \
@@ -180,9 +182,11 @@ if [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant beta_eps_zero auto
   run_mutant transposed_rescale_missed wy_transposed
   run_mutant tf32_fast_grade tf32
-  run_mutant bwd_carry_no_gamma auto
+  run_mutant bwd_carry_no_gamma auto test_cuda_backward
   run_mutant fast_in_accurate wy_transposed
   run_mutant wy_column_scale_missed wy16
+  run_mutant bwd_fast_in_accurate auto test_cuda_backward
+  run_mutant bwd_fast_bf16_operands auto test_cuda_backward
 fi
 # The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64
 # recurrence, autograd, graphs, torch.compile; against FLA where .whl/fla is carried) on the

@@ -198,10 +198,11 @@ BACKWARD_MAX_HEAD_DIM = 128  # kla.h: the backward kernels' largest K and V
 
 
 def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps,
-                    eta_value, coefficient, readout, do, dht):
+                    eta_value, coefficient, readout, do, dht, arithmetic=P.ARITHMETIC_ACCURATE):
     """kla_chunk_backward on the current stream: the gradients, allocated here (dq, dk like q,
     dv like v, dg / deta / dh0 fp32, empty where the input is None), with a workspace from the
-    caching allocator sized by kla_backward_workspace_size."""
+    caching allocator sized by kla_backward_workspace_size; `arithmetic` is the forward's (FAST:
+    the backward's products on one TF32 part, kla.h)."""
     lib = _lib.load()
     dev = q.device
     cu_host = cu_dev = None
@@ -219,7 +220,7 @@ def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, 
     bp = lib.backward_params()
     P.fill(bp.forward, q, k, v, do, g=g, eta=eta, eta_value=eta_value, eps=eps, scale=scale,
            coefficient=coefficient, readout=readout, initial_state=initial_state,
-           cu_seqlens=cu_dev, cu_seqlens_host=cu_host)
+           cu_seqlens=cu_dev, cu_seqlens_host=cu_host, arithmetic=arithmetic)
     ref = ctypes.byref(bp)
     size = lib.backward_workspace_size(ref)
     workspace = torch.empty(max(size, 16), dtype=torch.uint8, device=dev)
@@ -236,15 +237,16 @@ def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, 
 def chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], eta: Optional[Tensor],
                    initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
                    cu_seqlens_cpu: Optional[Tensor], scale: float, eps: float, eta_value: float,
-                   coefficient: int, readout: int, do: Tensor,
-                   dht: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   coefficient: int, readout: int, do: Tensor, dht: Optional[Tensor],
+                   arithmetic: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dg, deta, dh0) of the forward with these arguments; dg / deta / dh0 are empty
     (shape [0]) where g / eta / initial_state is None. CUDA tensors with head dims up to 128 run
-    kla_chunk_backward (the kernels, launch_backward); anything else runs _backward.py (PyTorch,
-    the same chunk form): on the CPU, and for K or V above the kernels' 128."""
+    kla_chunk_backward (the kernels, launch_backward) in the forward's arithmetic (0 ACCURATE, 1
+    FAST); anything else runs _backward.py (PyTorch, the same chunk form, in the inputs' compute
+    type, which meets both contracts): on the CPU, and for K or V above the kernels' 128."""
     if q.is_cuda and q.shape[3] <= BACKWARD_MAX_HEAD_DIM and v.shape[3] <= BACKWARD_MAX_HEAD_DIM:
         return launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
-                               eps, eta_value, coefficient, readout, do, dht)
+                               eps, eta_value, coefficient, readout, do, dht, arithmetic)
     grads = _backward.chunk_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu,
                                      scale, eps, eta_value, coefficient, readout, do, dht)
     return tuple(x.contiguous() if x is not None else q.new_empty(0, dtype=torch.float32)
@@ -256,7 +258,7 @@ chunk_bwd = torch.library.custom_op("kla::chunk_bwd", chunk_bwd_impl, mutates_ar
 
 @chunk_bwd.register_fake
 def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
-      coefficient, readout, do, dht):
+      coefficient, readout, do, dht, arithmetic=0):
     def like(t):
         return torch.empty_like(t) if t is not None else q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(g), like(eta),
@@ -271,6 +273,12 @@ def _save(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:_TENSOR_INPUTS])
     ctx.scalars = tuple(inputs[_TENSOR_INPUTS:_TENSOR_INPUTS + 5])  # scale .. readout
     ctx.num_inputs = len(inputs)
+    ctx.arithmetic = P.ARITHMETIC_ACCURATE  # recurrent_fwd has one arithmetic
+
+
+def _save_chunk(ctx, inputs, output):
+    _save(ctx, inputs, output)
+    ctx.arithmetic = inputs[_TENSOR_INPUTS + 6]  # chunk_fwd's arithmetic: the backward's too
 
 
 def _backward_of_forward(ctx, do, dht):
@@ -280,13 +288,14 @@ def _backward_of_forward(ctx, do, dht):
         do = torch.zeros_like(v)
     if dht is not None and dht.numel() == 0:  # no final state was asked for
         dht = None
-    dq, dk, dv, dg, deta, dh0 = chunk_bwd(q, k, v, g, eta, h0, cu, cu_cpu, *ctx.scalars, do, dht)
+    dq, dk, dv, dg, deta, dh0 = chunk_bwd(q, k, v, g, eta, h0, cu, cu_cpu, *ctx.scalars, do, dht,
+                                          ctx.arithmetic)
     grads = (dq, dk, dv, dg if g is not None else None, deta if eta is not None else None,
              dh0 if h0 is not None else None)
     return grads + (None,) * (ctx.num_inputs - len(grads))
 
 
-chunk_fwd.register_autograd(_backward_of_forward, setup_context=_save)
+chunk_fwd.register_autograd(_backward_of_forward, setup_context=_save_chunk)
 recurrent_fwd.register_autograd(_backward_of_forward, setup_context=_save)
 
 

@@ -64,6 +64,16 @@
 // dv, 8.5 u32 for dg, deta, 3.1 u32 for dh0 without decay, 0.25 u32 per unit of G_max under strong
 // decay. dh0 under strong decay is far below its bound (it is made of the first tokens' terms,
 // whose decays are small): the decay term is the one shared constant, so that row stays loose.
+//
+// Arithmetic FAST (forward.arithmetic; the CudaBackward.Fast* tests, the same cases): each product
+// operand is one TF32 part, its fp32 bits truncated by the tensor core (below u_tf = 2^-10
+// relative an operand), so the per-chunk term is in units of u_tf instead of u32, the same form.
+// The constants are 1.5 times the worst measured on an H100 (four runs, six cases a dtype): per
+// chunk 1.40 u_tf for dq, dk, dv, 1.08 u_tf for dg, deta, 0.48 u_tf for dh0. No decay term: the
+// strong-decay case errs less than the mild ones (at most 1.08 and 0.91 u_tf): the truncated
+// operands, not the decay factors, make FAST's error. The kernel mutant bwd_fast_bf16_operands
+// (operands rounded to bf16, 2^-9: the peers' grade) measured up to 3.0, 2.6 and 1.5 u_tf: it
+// failed 37 and 38 of the 96 comparisons of two runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -100,7 +110,13 @@ constexpr double kGrowthOutputs = kU32 * 14;  // dq, dk, dv
 constexpr double kGrowthGates = kU32 * 13;    // dg, deta
 constexpr double kGrowthState = kU32 * 5;     // d_initial_state
 constexpr double kDecayGrowth = kU32 * 0.4;   // c_G
-constexpr int kChunkLen = 64;                 // the backward's chunk (tokens)
+// The same for arithmetic FAST (file comment), in units of u_tf = 2^-10; no decay term.
+constexpr double kUTf = 1.0 / 1024.0;
+constexpr double kFastGrowthOutputs = kUTf * 2.1;  // dq, dk, dv
+constexpr double kFastGrowthGates = kUTf * 1.6;    // dg, deta
+constexpr double kFastGrowthState = kUTf * 0.72;   // d_initial_state
+constexpr double kFastDecayGrowth = 0.0;           // c_G
+constexpr int kChunkLen = 64;                      // the backward's chunk (tokens)
 
 enum Grad : int { kDq, kDk, kDv, kDg, kDeta, kDh0, kGrads };
 constexpr const char* kGradNames[kGrads] = {"dq", "dk", "dv", "dg", "deta", "dh0"};
@@ -129,8 +145,9 @@ struct Case {
   std::string name;
   Config cfg;
   Decay decay = Decay::mild;
-  bool has_d_final = true;  // d_final_state given (else zero)
-  bool want_dh0 = true;     // d_initial_state requested
+  bool has_d_final = true;                              // d_final_state given (else zero)
+  bool want_dh0 = true;                                 // d_initial_state requested
+  kla_arithmetic arithmetic = KLA_ARITHMETIC_ACCURATE;  // forward.arithmetic: the backward's
 };
 
 /// Host data of a case: the forward's inputs (rounded, harness.hpp's layouts) and the upstream
@@ -257,6 +274,7 @@ class DeviceBackward {
     kla_backward_params bp;
     kla_backward_params_init(&bp);
     bp.forward = fw_.params();
+    bp.forward.arithmetic = p_.c.arithmetic;
     bp.forward.o = nullptr;  // the backward ignores the forward's outputs
     bp.forward.final_state = nullptr;
     bp.d_o = d_o_;
@@ -496,10 +514,17 @@ double bound_for(const Problem& p, Grad g, const std::vector<double>& ref) {
   const Config& c = p.d.cfg;
   const bool in_dtype = g == kDq || g == kDk || g == kDv;
   const double f = in_dtype && c.dtype != KLA_DTYPE_FP32 ? 2.0 : 1.0;
-  const double family = in_dtype ? kGrowthOutputs : g == kDh0 ? kGrowthState : kGrowthGates;
+  const bool fast = p.c.arithmetic == KLA_ARITHMETIC_FAST;
+  const double family = fast ? (in_dtype    ? kFastGrowthOutputs
+                                : g == kDh0 ? kFastGrowthState
+                                            : kFastGrowthGates)
+                             : (in_dtype    ? kGrowthOutputs
+                                : g == kDh0 ? kGrowthState
+                                            : kGrowthGates);
+  const double decay = fast ? kFastDecayGrowth : kDecayGrowth;
   const int n_h = std::max(1, (c.longest() + kChunkLen - 1) / kChunkLen);
   return rounding_cost(in_dtype ? c.dtype : KLA_DTYPE_FP32, ref) +
-         f * std::sqrt(double(n_h)) * (family + kDecayGrowth * p.g_max);
+         f * std::sqrt(double(n_h)) * (family + decay * p.g_max);
 }
 
 /// The largest finite value of a dtype: a reference beyond it cannot be stored.
@@ -524,8 +549,12 @@ double relative_rms(const std::vector<double>& got, const std::vector<double>& r
   return std::sqrt(num / den);
 }
 
-/// The worst relative RMS per (dtype, gradient) over every comparison of the binary, printed at
-/// exit as a markdown table (and written to KLA_BACKWARD_OUT).
+const char* arithmetic_name(kla_arithmetic a) {
+  return a == KLA_ARITHMETIC_FAST ? "FAST" : "ACCURATE";
+}
+
+/// The worst relative RMS per (arithmetic, dtype, gradient) over every comparison of the binary,
+/// printed at exit as a markdown table (and written to KLA_BACKWARD_OUT).
 struct WorstLedger {
   struct Row {
     long cases = 0;
@@ -533,10 +562,11 @@ struct WorstLedger {
     std::string rel_case, ratio_case;
   };
   std::mutex m;
-  std::map<std::pair<int, int>, Row> rows;  // (dtype, gradient)
-  void add(kla_dtype dt, Grad g, double rel, double bound, const std::string& what) {
+  std::map<std::array<int, 3>, Row> rows;  // (arithmetic, dtype, gradient)
+  void add(kla_arithmetic a, kla_dtype dt, Grad g, double rel, double bound,
+           const std::string& what) {
     std::lock_guard<std::mutex> lk(m);
-    Row& r = rows[{int(dt), int(g)}];
+    Row& r = rows[{int(a), int(dt), int(g)}];
     ++r.cases;
     if (rel > r.rel) r.rel = rel, r.bound = bound, r.rel_case = what;
     if (rel / bound > r.ratio) r.ratio = rel / bound, r.ratio_case = what;
@@ -553,19 +583,21 @@ class WorstLedgerReport : public ::testing::Environment {
     WorstLedger& l = worst_ledger();
     if (l.rows.empty()) return;
     std::ostringstream t;
-    t << "| dtype | gradient | cases | worst rel-RMS | its bound | case | worst rel-RMS / bound | "
-         "case |\n|---|---|---|---|---|---|---|---|\n";
-    for (kla_dtype dt : kDtypes)
-      for (int g = 0; g < kGrads; ++g) {
-        const auto it = l.rows.find({int(dt), g});
-        if (it == l.rows.end()) continue;
-        const WorstLedger::Row& r = it->second;
-        char line[512];
-        std::snprintf(line, sizeof line, "| %s | %s | %ld | %.3e | %.3e | %s | %.3f | %s |\n",
-                      dtype_name(dt), kGradNames[g], r.cases, r.rel, r.bound, r.rel_case.c_str(),
-                      r.ratio, r.ratio_case.c_str());
-        t << line;
-      }
+    t << "| arithmetic | dtype | gradient | cases | worst rel-RMS | its bound | case | worst "
+         "rel-RMS / bound | case |\n|---|---|---|---|---|---|---|---|---|\n";
+    for (kla_arithmetic a : {KLA_ARITHMETIC_ACCURATE, KLA_ARITHMETIC_FAST})
+      for (kla_dtype dt : kDtypes)
+        for (int g = 0; g < kGrads; ++g) {
+          const auto it = l.rows.find({int(a), int(dt), g});
+          if (it == l.rows.end()) continue;
+          const WorstLedger::Row& r = it->second;
+          char line[512];
+          std::snprintf(line, sizeof line,
+                        "| %s | %s | %s | %ld | %.3e | %.3e | %s | %.3f | %s |\n",
+                        arithmetic_name(a), dtype_name(dt), kGradNames[g], r.cases, r.rel, r.bound,
+                        r.rel_case.c_str(), r.ratio, r.ratio_case.c_str());
+          t << line;
+        }
     std::printf("kla backward: worst relative RMS against MPFR (seed %llu)\n%s",
                 static_cast<unsigned long long>(base_seed()), t.str().c_str());
     if (const char* path = std::getenv("KLA_BACKWARD_OUT")) {
@@ -577,12 +609,13 @@ class WorstLedgerReport : public ::testing::Environment {
 [[maybe_unused]] const bool kWorstLedgerRegistered =
     (::testing::AddGlobalTestEnvironment(new WorstLedgerReport), true);
 
-/// The cases of one dtype (file comment of the test below).
-std::vector<Case> cases_for(kla_dtype dt) {
+/// The cases of one dtype and arithmetic (file comment of the test below).
+std::vector<Case> cases_for(kla_dtype dt, kla_arithmetic arith) {
   std::vector<Case> cs;
-  const std::uint64_t seed = base_seed() + 1000 * std::uint64_t(dt);
+  const std::uint64_t seed = base_seed() + 1000 * std::uint64_t(dt) + 100 * std::uint64_t(arith);
   auto add = [&](Case k) {
     k.cfg.dtype = dt;
+    k.arithmetic = arith;
     // Kaczmarz dk grows as 1 / |k|^2: at key norms of 1e-2 it passes fp16's largest value (65504),
     // so fp16 keeps its key norms above 0.1 (bf16 and fp32 keep the harness's [1e-2, 1e1]).
     if (dt == KLA_DTYPE_FP16) k.cfg.knorm_lo = std::max(k.cfg.knorm_lo, 0.1);
@@ -650,13 +683,13 @@ std::vector<Case> cases_for(kla_dtype dt) {
   return cs;
 }
 
-/// Runs every case of a dtype on the device, then the reference of all their heads at once (on
-/// every CPU core, the longest heads first), and compares.
-void expect_cases_match_reference(kla_dtype dt) {
-  std::printf("kla backward %s: base seed %llu\n", dtype_name(dt),
+/// Runs every case of a dtype on the device in arithmetic `arith`, then the reference of all their
+/// heads at once (on every CPU core, the longest heads first), and compares.
+void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITHMETIC_ACCURATE) {
+  std::printf("kla backward %s %s: base seed %llu\n", dtype_name(dt), arithmetic_name(arith),
               static_cast<unsigned long long>(base_seed()));
   std::vector<Problem> problems;
-  for (const Case& k : cases_for(dt)) problems.push_back(make_problem(k));
+  for (const Case& k : cases_for(dt, arith)) problems.push_back(make_problem(k));
   std::vector<Gradients> got(problems.size());
   std::vector<bool> padding_ok(problems.size());
   for (std::size_t i = 0; i < problems.size(); ++i) {
@@ -710,14 +743,16 @@ void expect_cases_match_reference(kla_dtype dt) {
       const double bound = bound_for(p, Grad(g), ref[g]);
       const bool ok = rel <= bound;
       // n_h and G_max too, so the constants can be fitted to the measured table (file comment).
-      std::printf("  %-32s %-4s %-4s rel-RMS %.3e  bound %.3e  n_h %d  G_max %.3g%s%s\n",
-                  p.c.name.c_str(), dtype_name(dt), kGradNames[g], rel, bound,
-                  std::max(1, (p.d.cfg.longest() + kChunkLen - 1) / kChunkLen), p.g_max,
-                  ref_zero ? "  (ref 0: exact 0)" : "", ok ? "" : "  FAIL");
+      std::printf(
+          "  %-32s %-4s %-4s %-8s rel-RMS %.3e  bound %.3e  rd %.3e  n_h %d  G_max %.3g%s%s\n",
+          p.c.name.c_str(), dtype_name(dt), kGradNames[g], arithmetic_name(arith), rel, bound,
+          rounding_cost(in_dtype ? dt : KLA_DTYPE_FP32, ref[g]),
+          std::max(1, (p.d.cfg.longest() + kChunkLen - 1) / kChunkLen), p.g_max,
+          ref_zero ? "  (ref 0: exact 0)" : "", ok ? "" : "  FAIL");
       EXPECT_LE(rel, bound) << kGradNames[g] << " of " << what
                             << (ref_zero ? ": the reference is 0, the kernel's is not" : "") << " "
                             << rerun_hint();
-      if (!ref_zero) worst_ledger().add(dt, Grad(g), rel, bound, p.c.name);
+      if (!ref_zero) worst_ledger().add(arith, dt, Grad(g), rel, bound, p.c.name);
     }
   }
 }
@@ -735,6 +770,22 @@ TEST(CudaBackward, Bf16AgainstMpfr) {
 TEST(CudaBackward, Fp16AgainstMpfr) {
   KLA_REQUIRE_GPU();
   expect_cases_match_reference(KLA_DTYPE_FP16);
+}
+
+// Arithmetic FAST: the same cases, FAST's bounds (file comment).
+TEST(CudaBackward, FastFp32AgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  expect_cases_match_reference(KLA_DTYPE_FP32, KLA_ARITHMETIC_FAST);
+}
+
+TEST(CudaBackward, FastBf16AgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  expect_cases_match_reference(KLA_DTYPE_BF16, KLA_ARITHMETIC_FAST);
+}
+
+TEST(CudaBackward, FastFp16AgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  expect_cases_match_reference(KLA_DTYPE_FP16, KLA_ARITHMETIC_FAST);
 }
 
 /// A small problem for the contract tests: varlen, grouped, every input and every output.
@@ -805,17 +856,20 @@ TEST(CudaBackward, DgWithoutDecayIsInvalid) {
 
 TEST(CudaBackward, BitwiseDeterministic) {
   KLA_REQUIRE_GPU();
-  for (kla_dtype dt : kDtypes) {
-    Case k = contract_case(dt, 4);
-    k.cfg.H = 2, k.cfg.HV = 6;  // the group sums too
-    const Problem p = make_problem(k);
-    DeviceBackward dev(p);
-    const kla_backward_params bp = dev.params();
-    const auto a = dev.run(bp), b = dev.run(bp);
-    for (int g = 0; g < kGrads; ++g)
-      EXPECT_TRUE(a[g] == b[g]) << kGradNames[g] << " differs between two identical calls, "
-                                << dtype_name(dt) << " " << rerun_hint();
-  }
+  for (kla_arithmetic arith : {KLA_ARITHMETIC_ACCURATE, KLA_ARITHMETIC_FAST})
+    for (kla_dtype dt : kDtypes) {
+      Case k = contract_case(dt, 4);
+      k.cfg.H = 2, k.cfg.HV = 6;  // the group sums too
+      k.arithmetic = arith;
+      const Problem p = make_problem(k);
+      DeviceBackward dev(p);
+      const kla_backward_params bp = dev.params();
+      const auto a = dev.run(bp), b = dev.run(bp);
+      for (int g = 0; g < kGrads; ++g)
+        EXPECT_TRUE(a[g] == b[g]) << kGradNames[g] << " differs between two identical calls, "
+                                  << dtype_name(dt) << " " << arithmetic_name(arith) << " "
+                                  << rerun_hint();
+    }
 }
 
 }  // namespace

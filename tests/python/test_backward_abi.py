@@ -53,12 +53,25 @@ def test_good_params_validate_and_the_workspace_is_the_documented_layout(lib):
     (lambda bp: bp.dq_strides.__setitem__(2, 8), "KLA_ERROR_BAD_STRIDE", "dq overlap"),
     (lambda bp: setattr(bp.forward, "state_pool", 16), "KLA_ERROR_INVALID_VALUE",
      "state_pool is not differentiable"),
+    # the forward's arithmetic is the backward's (kla.h): an unknown one is refused, not ignored
+    (lambda bp: setattr(bp.forward, "arithmetic", 7), "KLA_ERROR_INVALID_VALUE",
+     "arithmetic = 7 is unknown"),
 ])
 def test_bad_input_is_refused_by_name(lib, change, status, match):
     bp, t, _ = _backward_params(lib)
     change(bp)
     got, msg = _validate(lib, bp)
     assert got == status and match in msg, (got, msg)
+
+
+@pytest.mark.parametrize("dtype", [P.DTYPE_FP32, P.DTYPE_BF16, P.DTYPE_FP16])
+def test_fast_arithmetic_is_valid_in_every_dtype(lib, dtype):
+    """The backward has a FAST arithmetic for every dtype (one TF32 part an operand, kla.h): a
+    FAST call validates where an ACCURATE one does."""
+    bp, t, _ = _backward_params(lib)
+    bp.forward.dtype = dtype
+    bp.forward.arithmetic = P.ARITHMETIC_FAST
+    assert _validate(lib, bp) == ("KLA_SUCCESS", "")
 
 
 def test_gradient_of_an_absent_input_is_refused(lib):

@@ -279,9 +279,13 @@ KLA_API size_t kla_workspace_size(const kla_params* p);
  *                      given: dg is the gradient of the log decay g, deta that of eta)
  *   d_initial_state [N,HV,K,V] fp32 contiguous, or NULL (not written)
  * d_o [B,T,HV,V] dtype; d_final_state [N,HV,K,V] fp32 or NULL (zero). The forward's o,
- * final_state, workspace, arithmetic, path and value_slice are ignored; state_pool is refused.
+ * final_state, workspace, path and value_slice are ignored; state_pool is refused.
  * Arithmetic: fp32 throughout (inputs rounded to the dtype are read exactly), the chunk form of
- * reference/include/kla/ref/grad_chunk.hpp in the normalised-key form; what the forward would
+ * reference/include/kla/ref/grad_chunk.hpp in the normalised-key form, its products in
+ * forward.arithmetic: ACCURATE (default) on split-TF32 tensor cores, about 2^-21 a product (fp32
+ * grade); FAST, every dtype, with each operand one TF32 part (below 2^-10 relative: still finer
+ * than the 16-bit operands of the peers' backward), about 10% faster (docs/accuracy.md has both
+ * contracts' measured errors beside FLA's, docs/performance.md the times); what the forward would
  * save (each chunk's incoming state) is recomputed here into the workspace, whose size
  * kla_backward_workspace_size reports ((2 K V + 64 (5 K + 3 V) + 5120) * 4 bytes per 64-token
  * chunk and value head). Deterministic (no atomics), no allocation, no host synchronisation.

@@ -47,6 +47,7 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p) {
   b.ws = static_cast<float*>(p.workspace);
   b.rec_floats = kla::layout::BwdRecord(p.forward.head_dim_k, p.forward.head_dim_v).floats;
   b.group = int(p.forward.num_v_heads / p.forward.num_heads);
+  b.fast = p.forward.arithmetic == KLA_ARITHMETIC_FAST ? 1 : 0;
   return b;
 }
 

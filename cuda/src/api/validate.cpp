@@ -412,8 +412,7 @@ kla_status kla_validate_backward(const kla_backward_params* p) {
     f.workspace = nullptr;
     f.workspace_size = 0;
     f.path = KLA_PATH_AUTO;
-    f.value_slice = 0;
-    f.arithmetic = KLA_ARITHMETIC_ACCURATE;
+    f.value_slice = 0;  // (arithmetic is the backward's too: checked as the forward's)
   }
   if (kla_status s = kla_validate(&f)) {
     std::string m = kla_last_error_message();

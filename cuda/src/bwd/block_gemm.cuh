@@ -1,13 +1,20 @@
 // The backward's products: C = alpha op(A) op(B) (+ C) by a whole block on the tensor cores
-// (mma.sync m16n8k8 TF32, arch/mma_tf32.cuh), both operands split hi + lo (three products a step,
-// fp32 accumulation in three chains summed (d0 + d1) + d2). A is split rounded (hi = tf32(x), lo
-// = x - hi); B by the cheap split: hi is the fp32 value itself, of which the tensor core reads the
-// TF32 bits (it ignores the low 13), and lo = x - trunc_tf32(x) is exact in fp32 and read the same
-// way. Each operand keeps about 21 significant bits (relative error below 2^-21 a product: fp32
-// grade, as the forward's TF32 path). Each warp owns 16 x 8 NT output tiles (BwdTiles: NT = 4, or
-// the widest that still gives every warp a tile) and sums over the inner dimension in index order:
-// every output element is the same three chains over k whatever NT and the block's size, so the
-// result is bitwise the same (no atomics, no split of the inner sum).
+// (mma.sync m16n8k8 TF32, arch/mma_tf32.cuh), fp32 accumulation, in one of two arithmetics (the
+// call's kla_arithmetic, BwdParams::fast):
+// * ACCURATE (kFast = false): both operands split hi + lo, three products a step in three chains
+//   summed (d0 + d1) + d2. A is split rounded (hi = tf32(x), lo = x - hi); B by the cheap split:
+//   hi is the fp32 value itself, of which the tensor core reads the TF32 bits (it ignores the low
+//   13), and lo = x - trunc_tf32(x) is exact in fp32 and read the same way. Each operand keeps
+//   about 21 significant bits (relative error below 2^-21 a product: fp32 grade, as the
+//   forward's TF32 path).
+// * FAST (kFast = true): each operand one part, its fp32 bits as they are, read by the tensor core
+//   as TF32 (truncated: below 2^-10 relative an operand, 2^-9 a product): one product a step and
+//   no split. Still finer than the 16-bit operands of the peers' backward (bf16: 2^-9 an
+//   operand); docs/accuracy.md has both beside each other.
+// Each warp owns 16 x 8 NT output tiles (BwdTiles: NT = 4, or the widest that still gives every
+// warp a tile) and sums over the inner dimension in index order: every output element is the
+// same chains over k whatever NT and the block's size, so the result is bitwise the same (no
+// atomics, no split of the inner sum).
 // Operands are addressed by pointer and row pitch: A and B live in shared memory, C in shared or
 // global memory.
 //   op(A)(i, k) = TA ? A[k * lda + i] : A[i * lda + k]      [M x KD]
@@ -17,6 +24,7 @@
 #pragma once
 
 #include "arch/mma_tf32.cuh"
+#include "common/kernel_mutants.hpp"
 
 namespace kla::kernels {
 
@@ -50,6 +58,12 @@ __device__ __forceinline__ FragB bwd_frag_b(const float* s, int P, int k0, int n
   return f;
 }
 
+/// The kernel mutant bwd_fast_bf16_operands (common/kernel_mutants.hpp): FAST's operands rounded
+/// to bf16 (nearest), the peers' grade, where FAST promises TF32's.
+__device__ __forceinline__ void bwd_mutant_bf16(uint32_t* h, int n) {
+  for (int e = 0; e < n; ++e) h[e] = (h[e] + 0x8000u) & 0xffff0000u;
+}
+
 /// How block_gemm cuts C into warp tiles. kEveryWarp: the widest tile (16 x 32, 16 x 16, 16 x 8)
 /// that still gives every warp one (a 64 x 32 product on 8 warps runs as 8 tiles of 16 x 16, not 4
 /// of 16 x 32 with 4 warps waiting at the next barrier). kWidest: 16 x 32 (16 x 8 where N is not a
@@ -58,25 +72,29 @@ enum class BwdTiles { kWidest, kEveryWarp };
 
 /// The units of block_gemm: 16 x (8 NT) output tiles. kExactB: B holds values exact in TF32 (raw
 /// 16-bit inputs), so its lo part is zero and the product A_hi B_lo is skipped (its chain stays
-/// +0, as the skipped products would have left it for finite inputs).
-template <bool TA, bool TB, bool kAccumulate, int NT, bool kExactB>
+/// +0, as the skipped products would have left it for finite inputs). kFast: one part each (the
+/// chains d1, d2 stay +0 and drop out of the sum).
+template <bool kFast, bool TA, bool TB, bool kAccumulate, int NT, bool kExactB>
 __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const float* __restrict__ A,
                                                  int lda, const float* __restrict__ B, int ldb,
                                                  float* C, int ldc, float alpha) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int un = N / (8 * NT), units = (M / 16) * un;
+  constexpr bool kOnePartB = kExactB || kFast;  // B read as one part (lo = 0)
   for (int u = warp; u < units; u += nwarps) {
     const int i0 = (u / un) * 16, n0 = (u % un) * 8 * NT;
     float d[NT][3][4] = {};  // [n tile][chain][element]
 #pragma unroll 2             // the next k-step's fragment loads overlap this one's products
     for (int k = 0; k < KD; k += 8) {
-      const FragA a =
-          TA ? load_a_t_perm<true>(A, lda, i0, k, g, t) : load_a_perm<true>(A, lda, i0, k, g, t);
+      FragA a = TA ? load_a_t_perm<!kFast>(A, lda, i0, k, g, t)
+                   : load_a_perm<!kFast>(A, lda, i0, k, g, t);
+      if (kFast && KLA_MUTANT(bwd_fast_bf16_operands)) bwd_mutant_bf16(a.h, 4);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const FragB b = bwd_frag_b<TB, kExactB>(B, ldb, k, n0 + 8 * j, g, t);
-        mma3<true, !kExactB>(d[j][0], d[j][1], d[j][2], a, b);
+        FragB b = bwd_frag_b<TB, kOnePartB>(B, ldb, k, n0 + 8 * j, g, t);
+        if (kFast && KLA_MUTANT(bwd_fast_bf16_operands)) bwd_mutant_bf16(b.h, 2);
+        mma3<!kFast, !kExactB && !kFast>(d[j][0], d[j][1], d[j][2], a, b);
       }
     }
 #pragma unroll
@@ -90,8 +108,9 @@ __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const flo
   }
 }
 
-/// C = alpha op(A) op(B) (+ C) by the whole block; see the top of this file.
-template <bool TA, bool TB, bool kAccumulate, BwdTiles kTiles = BwdTiles::kEveryWarp,
+/// C = alpha op(A) op(B) (+ C) by the whole block in the arithmetic kFast; see the top of this
+/// file.
+template <bool kFast, bool TA, bool TB, bool kAccumulate, BwdTiles kTiles = BwdTiles::kEveryWarp,
           bool kExactB = false>
 __device__ __forceinline__ void block_gemm(int M, int N, int KD, const float* __restrict__ A,
                                            int lda, const float* __restrict__ B, int ldb, float* C,
@@ -99,11 +118,14 @@ __device__ __forceinline__ void block_gemm(int M, int N, int KD, const float* __
   const int warps = int(blockDim.x >> 5), rows = M / 16;
   constexpr bool every = kTiles == BwdTiles::kEveryWarp;
   if (N % 32 == 0 && (!every || rows * (N / 32) >= warps)) {
-    block_gemm_units<TA, TB, kAccumulate, 4, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
+    block_gemm_units<kFast, TA, TB, kAccumulate, 4, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
+                                                             alpha);
   } else if (every && N % 16 == 0 && rows * (N / 16) >= warps) {
-    block_gemm_units<TA, TB, kAccumulate, 2, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
+    block_gemm_units<kFast, TA, TB, kAccumulate, 2, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
+                                                             alpha);
   } else {
-    block_gemm_units<TA, TB, kAccumulate, 1, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc, alpha);
+    block_gemm_units<kFast, TA, TB, kAccumulate, 1, kExactB>(M, N, KD, A, lda, B, ldb, C, ldc,
+                                                             alpha);
   }
 }
 

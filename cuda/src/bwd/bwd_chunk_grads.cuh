@@ -14,8 +14,8 @@
 //                   dx = s (dx^ - x^ (x^ . dx^)) (the key's with the value's share: + v^ . dv^),
 //                   proofs_check grad.normalized_key.
 //   bwd_group_sum_kernel   dq, dk of each key head: its value heads' in order (no atomics).
-// Precision: fp32, each product summed in index order (bwd/block_gemm.cuh); every other sum in a
-// fixed order, whatever the block's size.
+// Precision: fp32, each product in the call's arithmetic and summed in index order
+// (bwd/block_gemm.cuh); every other sum in a fixed order, whatever the block's size.
 #pragma once
 
 #include "bwd/block_gemm.cuh"
@@ -24,7 +24,7 @@
 
 namespace kla::kernels {
 
-template <class E>
+template <class E, bool kFast>
 __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, VP = kBwdPanel, PP = bwd_pitch(VP);
@@ -91,19 +91,19 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
     cp_wait<0>();
     __syncthreads();
     // dR = A^-T dU
-    block_gemm<true, false, false, kGT>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);
+    block_gemm<kFast, true, false, false, kGT>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);
     // sum(dS o S) in kBwdCarryParts fixed parts (red), whatever the block's size.
     for (int idx = tid; tid < kBwdCarryParts && idx < K * VP; idx += kBwdCarryParts) {
       const int r = idx / VP, cc = idx % VP;
       carry = fmaf(Sp[r * PP + cc], dSp[r * PP + cc], carry);
     }
-    block_gemm<false, true, true, kGT>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // + dY U^T
-    block_gemm<false, true, true, kGT>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);  // + dY S^T
-    block_gemm<false, true, true, kGT>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);  // + U dS^T
-    __syncthreads();                                                             // dR is complete
+    block_gemm<kFast, false, true, true, kGT>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // + dY U^T
+    block_gemm<kFast, false, true, true, kGT>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);  // + dY S^T
+    block_gemm<kFast, false, true, true, kGT>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);  // + U dS^T
+    __syncthreads();  // dR is complete
     bwd_store_rows(rec + R.du + c0, V, dRp, PP, C, VP);
-    block_gemm<false, true, true, kGT>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // + dR U^T
-    block_gemm<false, true, true, kGT>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);  // + dR S^T
+    block_gemm<kFast, false, true, true, kGT>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // + dR U^T
+    block_gemm<kFast, false, true, true, kGT>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);  // + dR S^T
   }
   __syncthreads();
   float* Khs = Rg;            // [C][PK]
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
   }
   cp_wait<0>();
   __syncthreads();
-  block_gemm<false, true, false, kGT>(C, C, K, Qhs, PK, Khs, PK, Ai, PC, 1.f);  // Q^ K^^T
+  block_gemm<kFast, false, true, false, kGT>(C, C, K, Qhs, PK, Khs, PK, Ai, PC, 1.f);  // Q^ K^^T
   // Row terms: e^G_i q^_i.(S dy_i), z_i, and k^_i.(S dR_i), one warp per token.
   for (int i = warp; i < C; i += kBwdChunkThreads / 32) {
     float a = 0.f, zk = 0.f, c = 0.f;
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
     rq = rx - cx;
   }
   __syncthreads();
-  block_gemm<false, true, false, kGT>(C, C, K, Khs, PK, Khs, PK, Ai, PC, 1.f);  // K^ K^^T
+  block_gemm<kFast, false, true, false, kGT>(C, C, K, Khs, PK, Khs, PK, Ai, PC, 1.f);  // K^ K^^T
   __syncthreads();
   if (tid < C) {
     const int i = tid;
@@ -195,10 +195,10 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
       dGs[i] = acc;
     }
   }
-  block_gemm<false, false, true, kGT>(C, K, C, Pa, PC, Khs, PK, A1, PK, 1.f);  // + Pm K^
-  block_gemm<true, false, true, kGT>(C, K, C, Pa, PC, Qhs, PK, A2, PK, 1.f);   // + Pm^T Q^
-  block_gemm<false, false, true, kGT>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);  // + Z K^
-  block_gemm<true, false, true, kGT>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);   // + Z^T K^
+  block_gemm<kFast, false, false, true, kGT>(C, K, C, Pa, PC, Khs, PK, A1, PK, 1.f);  // + Pm K^
+  block_gemm<kFast, true, false, true, kGT>(C, K, C, Pa, PC, Qhs, PK, A2, PK, 1.f);   // + Pm^T Q^
+  block_gemm<kFast, false, false, true, kGT>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);  // + Z K^
+  block_gemm<kFast, true, false, true, kGT>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);   // + Z^T K^
   __syncthreads();
 
   // The prologue backwards and the writes, one warp per token; lane l holds elements l + 32 m

@@ -1,5 +1,6 @@
 // Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, input
-// gradients, and (grouped value heads) the key heads' sums, on one stream.
+// gradients, and (grouped value heads) the key heads' sums, on one stream, in the arithmetic the
+// call asked for (BwdParams::fast: the products of bwd/block_gemm.cuh).
 // Decides nothing: the sizes and shared memory come from bwd/bwd_layout.hpp.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include "bwd/bwd_chunk_grads.cuh"
 #include "bwd/bwd_prep.cuh"
 #include "bwd/bwd_state_scans.cuh"
+#include "common/kernel_mutants.hpp"
 
 namespace kla::kernels {
 
@@ -21,38 +23,38 @@ cudaError_t bwd_launch(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& 
   return cudaGetLastError();
 }
 
-template <class E, int VS>
+template <class E, int VS, bool kFast>
 cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   const KernelParams& p = bp.f;
   const dim3 scans(unsigned(int64_t(p.N) * p.HV * (p.V / VS)));
   const int64_t smem = bwd_scan_smem(p.K, VS);
   if (p.max_chunks > 0) {
     what = "the backward state scan";
-    if (cudaError_t e = bwd_launch(bwd_state_forward_kernel<E, VS>, scans, smem, bp, stream))
+    if (cudaError_t e = bwd_launch(bwd_state_forward_kernel<E, VS, kFast>, scans, smem, bp, stream))
       return e;
   }
   what = "the backward state-gradient scan";
-  return bwd_launch(bwd_state_backward_kernel<E, VS>, scans, smem, bp, stream);
+  return bwd_launch(bwd_state_backward_kernel<E, VS, kFast>, scans, smem, bp, stream);
 }
 
-template <class E>
-cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char*& what) {
-  KLA_SYNC_KERNEL_MUTANT(stream, what);  // a no-op outside the mutant build
+template <class E, bool kFast>
+cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   const KernelParams& p = bp.f;
   const dim3 chunks(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N));
   if (p.max_chunks > 0) {
     what = "the backward prep";
-    if (cudaError_t e = bwd_launch(bwd_prep_kernel<E>, chunks, bwd_prep_smem(p.K, p.V), bp, stream,
-                                   kBwdChunkThreads))
+    if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast>, chunks, bwd_prep_smem(p.K, p.V), bp,
+                                   stream, kBwdChunkThreads))
       return e;
   }
-  if (cudaError_t e = bwd_scan_slice(p.V) == 32 ? launch_backward_scans<E, 32>(bp, stream, what)
-                                                : launch_backward_scans<E, 16>(bp, stream, what))
+  if (cudaError_t e = bwd_scan_slice(p.V) == 32
+                          ? launch_backward_scans<E, 32, kFast>(bp, stream, what)
+                          : launch_backward_scans<E, 16, kFast>(bp, stream, what))
     return e;
   if (p.max_chunks == 0) return cudaSuccess;
   what = "the backward input gradients";
-  if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E>, chunks, bwd_grads_smem(p.K), bp, stream,
-                                 kBwdChunkThreads))
+  if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E, kFast>, chunks, bwd_grads_smem(p.K), bp,
+                                 stream, kBwdChunkThreads))
     return e;
   if (bp.group > 1) {
     what = "the backward key-head sums";
@@ -60,6 +62,16 @@ cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char
     if (cudaError_t e = bwd_launch(bwd_group_sum_kernel<E>, heads, 0, bp, stream)) return e;
   }
   return cudaSuccess;
+}
+
+/// The backward in the call's arithmetic (the kernel mutant bwd_fast_in_accurate runs FAST for
+/// every call).
+template <class E>
+cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char*& what) {
+  KLA_SYNC_KERNEL_MUTANT(stream, what);  // a no-op outside the mutant build
+  return bp.fast != 0 || KLA_HOST_MUTANT(bwd_fast_in_accurate)
+             ? launch_backward_arith<E, true>(bp, stream, what)
+             : launch_backward_arith<E, false>(bp, stream, what);
 }
 
 /// Defined in bwd/backward_{fp32,bf16,fp16}.cu.

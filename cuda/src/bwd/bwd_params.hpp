@@ -27,6 +27,7 @@ struct BwdParams {
   float* ws;   // records (bwd_layout.hpp)
   int64_t rec_floats;
   int group;  // HV / H
+  int fast;   // 1: the forward's arithmetic is FAST (one-part products, bwd/block_gemm.cuh)
 };
 
 }  // namespace kla::kernels

@@ -9,7 +9,8 @@
 // all written to the chunk's record (bwd/bwd_layout.hpp) with the per-token scalars.
 //
 // Precision: fp32 (raw bf16 / fp16 inputs are exact in fp32; A^-1's blocks below the diagonal
-// with split-TF32 products, ~2^-21 relative each, prep/invert.cuh); Gamma_ij = exp(G_i - G_j)
+// with split-TF32 products, ~2^-21 relative each, prep/invert.cuh, in both arithmetics; the other
+// products in the call's, bwd/block_gemm.cuh); Gamma_ij = exp(G_i - G_j)
 // (j <= i) is at most 1; the entries of L are bounded by eta (normalised keys), so the
 // substitution's growth is that of the forward's chunk system.
 #pragma once
@@ -25,7 +26,7 @@
 
 namespace kla::kernels {
 
-template <class E>
+template <class E, bool kFast>
 __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk;
@@ -115,8 +116,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
   bwd_store_rows(rec + R.kh, K, Ks, PK, C, K);
   bwd_store_rows(rec + R.qh, K, Qs, PK, C, K);
   bwd_store_rows(rec + R.vh, V, Vs, PV, C, V);
-  block_gemm<false, true, false>(C, C, K, Ks, PK, Ks, PK, Ls, PC, 1.f);  // K^ K^^T
-  block_gemm<false, true, false>(C, C, K, Qs, PK, Ks, PK, Xs, PC, 1.f);  // Q^ K^^T
+  block_gemm<kFast, false, true, false>(C, C, K, Ks, PK, Ks, PK, Ls, PC, 1.f);  // K^ K^^T
+  block_gemm<kFast, false, true, false>(C, C, K, Qs, PK, Ks, PK, Xs, PC, 1.f);  // Q^ K^^T
   __syncthreads();
   for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
     const int i = idx / C, j = idx % C;
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
   }
   __syncthreads();
   // X = M^T dY (the state-gradient scan's output term), before Xs becomes A^-1.
-  block_gemm<true, false, false, BwdTiles::kEveryWarp, sizeof(E) == 2>(
+  block_gemm<kFast, true, false, false, BwdTiles::kEveryWarp, sizeof(E) == 2>(
       C, V, C, Xs, PC, Ys, PV, rec + R.du, V, 1.f);  // dY raw: exact in TF32 for 16-bit E
   __syncthreads();
   // A^-1 (prep/invert.cuh: diagonal blocks by substitution, the rest by the blocked recurrence
@@ -143,9 +144,9 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
   __syncthreads();
   bwd_store_rows(rec + R.ainv, C, Xs, PC, C, C);
   // Y = Q^^T diag(e^G) dY (the state-gradient scan's read-out term), into the ds slot.
-  block_gemm<true, false, false>(K, V, C, Qs, PK, Ys, PV, rec + R.ds, V, 1.f);
-  block_gemm<false, false, false>(C, K, C, Xs, PC, Ks, PK, rec + R.w, K, 1.f);
-  block_gemm<false, false, false>(C, V, C, Xs, PC, Vs, PV, rec + R.u, V, 1.f);
+  block_gemm<kFast, true, false, false>(K, V, C, Qs, PK, Ys, PV, rec + R.ds, V, 1.f);
+  block_gemm<kFast, false, false, false>(C, K, C, Xs, PC, Ks, PK, rec + R.w, K, 1.f);
+  block_gemm<kFast, false, false, false>(C, V, C, Xs, PC, Vs, PV, rec + R.u, V, 1.f);
 }
 
 }  // namespace kla::kernels

@@ -13,7 +13,8 @@
 //                              and finally d(initial state) = dS,
 // with X = M^T dY and Y = Q^^T diag(e^G) dY from the prep. The second is the first's adjoint
 // (eq. (chunk_state) transposed; _backward.py's loop over the chunks), Gamma_Cj = e^{G_{C-1} -
-// G_j}. Precision: the products of bwd/block_gemm.cuh (fp32 grade, fixed summation order).
+// G_j}. Precision: the products of bwd/block_gemm.cuh (fixed summation order; fp32 grade under
+// ACCURATE, one TF32 part an operand under FAST).
 #pragma once
 
 #include "bwd/block_gemm.cuh"
@@ -21,7 +22,7 @@
 
 namespace kla::kernels {
 
-template <class E, int VS>
+template <class E, int VS, bool kFast>
 __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, PS = bwd_pitch(VS);
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
     }
     __syncthreads();
     bwd_store_rows(rec + R.s + c0, V, Ss, PS, K, VS);
-    block_gemm<false, false, true>(C, VS, K, Ws, PK, Ss, PS, Us, PS, -1.f);  // U = U0 - W S
+    block_gemm<kFast, false, false, true>(C, VS, K, Ws, PK, Ss, PS, Us, PS, -1.f);  // U = U0 - W S
     __syncthreads();
     const float gC = expf(Gs[C - 1]);
     for (int idx = tid; idx < C * (VS / 4); idx += kBwdThreads) {  // U out, then Gamma_Ci u_i
@@ -80,11 +81,11 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
     }
     for (int idx = tid; idx < K * VS; idx += kBwdThreads) Ss[(idx / VS) * PS + idx % VS] *= gC;
     __syncthreads();
-    block_gemm<true, false, true>(K, VS, C, Khs, PK, Us, PS, Ss, PS, 1.f);  // + K^^T diag U
+    block_gemm<kFast, true, false, true>(K, VS, C, Khs, PK, Us, PS, Ss, PS, 1.f);  // + K^^T diag U
   }
 }
 
-template <class E, int VS>
+template <class E, int VS, bool kFast>
 __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const BwdParams bp) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, PS = bwd_pitch(VS);
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
     }
     __syncthreads();
     bwd_store_rows(rec + R.ds + c0, V, dS, PS, K, VS);  // (Y is in shared memory already)
-    block_gemm<false, false, false>(C, VS, K, Khs, PK, dS, PS, dU, PS, 1.f);  // K^ dS
+    block_gemm<kFast, false, false, false>(C, VS, K, Khs, PK, dS, PS, dU, PS, 1.f);  // K^ dS
     __syncthreads();
     const float gC = expf(Gs[C - 1]);
     for (int idx = tid; idx < C * (VS / 4); idx += kBwdThreads) {  // dU = Gamma_C. K^ dS + X
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
           fmaf(KLA_MUTANT(bwd_carry_no_gamma) ? 1.f : gC, dS[r * PS + cc], Ys[r * PS + cc]);
     }
     __syncthreads();
-    block_gemm<true, false, true>(K, VS, C, Ws, PK, dU, PS, dS, PS, -1.f);  // - W^T dU
+    block_gemm<kFast, true, false, true>(K, VS, C, Ws, PK, dU, PS, dS, PS, -1.f);  // - W^T dU
   }
   __syncthreads();
   if (bp.dh0)

@@ -18,6 +18,8 @@ enum class KernelMutant : int {
   bwd_carry_no_gamma,         // bwd/bwd_state_scans.cuh: the state gradient's carry not decayed
   fast_in_accurate,           // launch/launch_wy.cuh: the transposed scan's FAST kernel always
   wy_column_scale_missed,     // scan/wy_scan.cuh: fp16 X's column scale not undone in the state
+  bwd_fast_in_accurate,       // bwd/bwd_launch.cuh: the backward's FAST products for every call
+  bwd_fast_bf16_operands,     // bwd/block_gemm.cuh: FAST's operands rounded to bf16, not TF32
   count
 };
 
@@ -30,7 +32,9 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "tf32_fast_grade",
                                                      "bwd_carry_no_gamma",
                                                      "fast_in_accurate",
-                                                     "wy_column_scale_missed"};
+                                                     "wy_column_scale_missed",
+                                                     "bwd_fast_in_accurate",
+                                                     "bwd_fast_bf16_operands"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
