@@ -521,10 +521,9 @@ def main():
         w("")
         fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
         if fast:
-            w("")
             w("kla FAST: the same call with `arithmetic=\"fast\"` (the backward's products on one "
               "TF32 part an operand: docs/accuracy.md, 'Backward', has its errors beside FLA's).")
-        w("")
+            w("")
         w("| case | kla bwd ms |" + (" kla FAST bwd ms |" if fast else "") + " FLA bwd ms | "
           "kla fwd+bwd ms |" + (" kla FAST fwd+bwd ms |" if fast else "") + " FLA fwd+bwd ms | "
           "FlashQLA bwd (published, H200) | goal | kla workspace GiB | kla peak GiB | "
