@@ -880,11 +880,12 @@ void check_backward(const kla_params& p, Bytes& r) {
   }
   b.workspace = garbage(0x600000);
   b.workspace_size = kla_backward_workspace_size(&b);
-  // The forward as the backward validates it.
+  // The forward as the backward validates it (its arithmetic is the backward's: kept, so an
+  // unknown one is refused).
   kla_params f = p;
   f.o = const_cast<void*>(b.d_o);
   f.final_state = nullptr, f.workspace = nullptr, f.workspace_size = 0;
-  set_enum(f.path, KLA_PATH_AUTO), f.value_slice = 0, set_enum(f.arithmetic, 0);
+  set_enum(f.path, KLA_PATH_AUTO), f.value_slice = 0;
   const bool stamped = p.abi_version == KLA_ABI_VERSION && p.struct_size == sizeof(kla_params);
   const bool fwd_ok = stamped && !p.state_pool && kla_validate(&f) == KLA_SUCCESS && K <= 128 &&
                       V <= 128 && b.workspace_size > 0;
