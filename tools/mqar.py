@@ -3,6 +3,7 @@ kla's kernels (forward CUDA, backward kla's) learn what the same model learns th
 PyTorch implementation of the recurrence (kla.torch_impl)?  Issue 25's "proof a user cares about".
 
     python3 tools/mqar.py --impl both --out out/mqar            # on a GPU: the comparison
+    python3 tools/mqar.py --impl all --out out/mqar             # ... and the kernels' FAST too
     python3 tools/mqar.py --impl torch --device cpu --tiny      # a smoke run on the CPU
 
 The task (the paper's appendix, Zoology's generator): sequences of length 256 holding 32
@@ -10,7 +11,9 @@ key-value pairs (keys from the first half of the vocabulary, values from the sec
 keys again at random even offsets among padding zeros; at every repeated key the model must
 output its value. Accuracy is over those positions. Data is made on the fly from --seed; both
 implementations start from the same weights and see the same batches in the same order, so their
-curves differ only by the arithmetic of the layer. Writes mqar.json (arguments, device, the
+curves differ only by the arithmetic of the layer. Implementations: 'kernels' (kla.chunk_kla,
+arithmetic 'accurate', forward and backward), 'kernels-fast' (the same with arithmetic 'fast'),
+'torch'; 'both' is kernels and torch, 'all' the three. Writes mqar.json (arguments, device, the
 curves, the final accuracies) and mqar.png (the curves) into --out, and prints a progress line
 per evaluation.
 """
@@ -60,13 +63,16 @@ class Model(nn.Module):
     def __init__(self, vocab, d, layers, heads, head_dim, impl):
         super().__init__()
         import kla.nn
+        arithmetic = "fast" if impl == "kernels-fast" else "accurate"
+        impl = "kernels" if impl == "kernels-fast" else impl
         self.embed = nn.Embedding(vocab, d)
         nn.init.normal_(self.embed.weight, std=0.02)  # tied read-out: small logits at the start
         self.blocks = nn.ModuleList()
         for i in range(layers):
             self.blocks.append(nn.ModuleDict(dict(
                 n1=RMSNorm(d), attn=kla.nn.KLA(hidden_size=d, head_dim=head_dim, num_heads=heads,
-                                               expand_v=1, layer_idx=i, impl=impl),
+                                               expand_v=1, layer_idx=i, impl=impl,
+                                               arithmetic=arithmetic),
                 n2=RMSNorm(d), mlp=nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(),
                                                  nn.Linear(4 * d, d)))))
         self.norm = RMSNorm(d)
@@ -131,7 +137,7 @@ def plot(result, path):
         return
     a = result["args"]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    colors = {"kernels": "tab:blue", "torch": "tab:orange"}
+    colors = {"kernels": "tab:blue", "kernels-fast": "tab:green", "torch": "tab:orange"}
     for key, curve in result["curves"].items():
         impl, _, seed = key.partition("/")
         ax.plot([c["step"] for c in curve], [c["val_accuracy"] for c in curve], marker="o",
@@ -148,20 +154,23 @@ def plot(result, path):
 
 def summarize(result):
     """Per implementation: mean and sample spread of the final accuracies over the seeds, and
-    the paired differences (kernels - torch, same seed: same weights, same batches)."""
+    the paired differences (kernels - torch, kernels-fast - torch, same seed: same weights, same
+    batches)."""
     finals = result["final_val_accuracy"]
     seeds = sorted({k.partition("/")[2] for k in finals})
     out = {}
-    for impl in ("kernels", "torch"):
+    for impl in ("kernels", "kernels-fast", "torch"):
         xs = [finals[f"{impl}/{s}"] for s in seeds if f"{impl}/{s}" in finals]
         if xs:
             mean = sum(xs) / len(xs)
             sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
             out[impl] = {"mean": mean, "seed_spread": sd, "n": len(xs)}
-    diffs = [finals[f"kernels/{s}"] - finals[f"torch/{s}"] for s in seeds
-             if f"kernels/{s}" in finals and f"torch/{s}" in finals]
-    if diffs:
-        out["paired_difference"] = {"values": diffs, "max_abs": max(abs(d) for d in diffs)}
+    for impl, name in (("kernels", "paired_difference"),
+                       ("kernels-fast", "paired_difference_fast")):
+        diffs = [finals[f"{impl}/{s}"] - finals[f"torch/{s}"] for s in seeds
+                 if f"{impl}/{s}" in finals and f"torch/{s}" in finals]
+        if diffs:
+            out[name] = {"values": diffs, "max_abs": max(abs(d) for d in diffs)}
     return out
 
 
@@ -173,7 +182,8 @@ def write(result, out):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--impl", choices=("kernels", "torch", "both"), default="both")
+    ap.add_argument("--impl", choices=("kernels", "kernels-fast", "torch", "both", "all"),
+                    default="both")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="out/mqar")
     ap.add_argument("--seed", type=int, default=42)
@@ -210,9 +220,11 @@ def main(argv=None):
         args.eval_every = 20
     if args.seeds < 1:
         raise SystemExit("mqar: --seeds must be at least 1")
-    impls = ("kernels", "torch") if args.impl == "both" else (args.impl,)
-    if "kernels" in impls and not args.device.startswith("cuda"):
-        raise SystemExit("mqar: impl 'kernels' runs on a CUDA device (--device cuda)")
+    impls = {"both": ("kernels", "torch"),
+             "all": ("kernels", "kernels-fast", "torch")}.get(args.impl, (args.impl,))
+    if any(i.startswith("kernels") for i in impls) and not args.device.startswith("cuda"):
+        raise SystemExit(f"mqar: impl '{args.impl}' runs the kernels: a CUDA device (--device "
+                         f"cuda)")
     result = {"args": vars(args), "device": (torch.cuda.get_device_name()
                                              if args.device.startswith("cuda") else "cpu"),
               "torch": torch.__version__, "curves": {}, "final_val_accuracy": {},

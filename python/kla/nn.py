@@ -25,6 +25,7 @@ from . import api, torch_impl
 _MODES = ("chunk", "fused_recurrent")
 _IMPLS = ("kernels", "torch")
 _READOUTS = ("q_l2norm", "scale", "qk_l2norm")
+_ARITHMETICS = ("accurate", "fast")
 
 
 def _causal_conv(x, weight, bias, cu_seqlens):
@@ -87,12 +88,15 @@ class KLA(nn.Module):
     'fused_recurrent'), use_gate, use_short_conv, allow_neg_eigval, conv_size, conv_bias,
     layer_idx, norm_eps. kla's: eps (the Kaczmarz epsilon, 1e-6 as the paper), readout
     ('q_l2norm' as the paper, 'scale', or 'qk_l2norm' for FLA's use_qk_l2norm_in_kernel), impl
-    ('kernels' or 'torch'). Any other keyword is a TypeError."""
+    ('kernels' or 'torch'), arithmetic ('accurate' or 'fast': the chunk kernels' contract, forward
+    and backward, kla.chunk_kla; the torch implementation and mode 'fused_recurrent' have one
+    arithmetic). Any other keyword is a TypeError."""
 
     def __init__(self, hidden_size=2048, expand_v=2, head_dim=256, num_heads=6,
                  num_v_heads=None, mode="chunk", use_gate=True, use_short_conv=True,
                  allow_neg_eigval=False, conv_size=4, conv_bias=False, layer_idx=None,
-                 norm_eps=1e-5, *, eps=1e-6, readout="q_l2norm", impl="kernels", **kwargs):
+                 norm_eps=1e-5, *, eps=1e-6, readout="q_l2norm", impl="kernels",
+                 arithmetic="accurate", **kwargs):
         super().__init__()
         if kwargs:
             raise TypeError(f"kla.nn.KLA: unexpected keyword argument '{next(iter(kwargs))}'")
@@ -102,6 +106,9 @@ class KLA(nn.Module):
             raise ValueError(f"kla.nn.KLA: impl must be one of {_IMPLS}, got {impl!r}")
         if readout not in _READOUTS:
             raise ValueError(f"kla.nn.KLA: readout must be one of {_READOUTS}, got {readout!r}")
+        if arithmetic not in _ARITHMETICS:
+            raise ValueError(f"kla.nn.KLA: arithmetic must be one of {_ARITHMETICS}, got "
+                             f"{arithmetic!r}")
         num_v_heads = num_heads if num_v_heads is None else num_v_heads
         if num_v_heads % num_heads:
             raise ValueError(f"kla.nn.KLA: num_v_heads = {num_v_heads} must be a multiple of "
@@ -111,6 +118,7 @@ class KLA(nn.Module):
             raise ValueError(f"kla.nn.KLA: head_dim * expand_v = {head_dim * expand_v} must be "
                              f"an integer")
         self.hidden_size, self.mode, self.impl, self.readout = hidden_size, mode, impl, readout
+        self.arithmetic = arithmetic
         self.num_heads, self.num_v_heads = num_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_dim, head_v_dim
         self.key_dim, self.value_dim = num_heads * head_dim, num_v_heads * head_v_dim
@@ -174,7 +182,7 @@ class KLA(nn.Module):
         if self.impl == "torch":
             o, _ = torch_impl.chunk_kla(q, k, v, g, eta, **args)
         elif self.mode == "chunk":
-            o, _ = api.chunk_kla(q, k, v, g, eta, **args)
+            o, _ = api.chunk_kla(q, k, v, g, eta, arithmetic=self.arithmetic, **args)
         else:
             o, _ = api.fused_recurrent_kla(q, k, v, g, eta, **args)
         gate = None

@@ -59,6 +59,7 @@ def test_seeds_give_a_spread_and_the_plot_can_be_redrawn(tmp_path):
         mqar.main(["--impl", "torch", "--device", "cpu", "--tiny", "--seeds", "0"])
 
 
-def test_kernels_need_a_cuda_device(tmp_path):
+@pytest.mark.parametrize("impl", ["kernels", "kernels-fast", "both", "all"])
+def test_kernels_need_a_cuda_device(tmp_path, impl):
     with pytest.raises(SystemExit, match="CUDA"):
-        mqar.main(["--impl", "kernels", "--device", "cpu", "--tiny", "--out", str(tmp_path)])
+        mqar.main(["--impl", impl, "--device", "cpu", "--tiny", "--out", str(tmp_path)])

@@ -120,6 +120,9 @@ def test_layer_takes_flas_arguments_and_refuses_others():
         layer(num_v_heads=3)
     with pytest.raises(ValueError, match="impl"):
         layer(impl="triton")
+    with pytest.raises(ValueError, match="arithmetic"):
+        layer(arithmetic="tf32")
+    assert layer(arithmetic="fast").arithmetic == "fast"
     x = torch.randn(1, 5, 32)
     with pytest.raises(ValueError, match="not both"):
         layer()(x, attention_mask=torch.tensor([[1, 1, 1, 0, 0]]), cu_seqlens=torch.tensor([0, 5]))
