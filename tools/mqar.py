@@ -9,8 +9,8 @@ PyTorch implementation of the recurrence (kla.torch_impl)?  Issue 25's "proof a 
 The task (the paper's appendix, Zoology's generator): sequences of length 256 holding 32
 key-value pairs (keys from the first half of the vocabulary, values from the second), then the
 keys again at random even offsets among padding zeros; at every repeated key the model must
-output its value. Accuracy is over those positions. Data is made on the fly from --seed; both
-implementations start from the same weights and see the same batches in the same order, so their
+output its value. Accuracy is over those positions. Data is made on the fly from --seed; every
+implementation starts from the same weights and sees the same batches in the same order, so the
 curves differ only by the arithmetic of the layer. Implementations: 'kernels' (kla.chunk_kla,
 arithmetic 'accurate', forward and backward), 'kernels-fast' (the same with arithmetic 'fast'),
 'torch'; 'both' is kernels and torch, 'all' the three. Writes mqar.json (arguments, device, the
