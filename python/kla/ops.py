@@ -198,7 +198,7 @@ BACKWARD_MAX_HEAD_DIM = 128  # kla.h: the backward kernels' largest K and V
 
 
 def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps,
-                    eta_value, coefficient, readout, do, dht, arithmetic=P.ARITHMETIC_ACCURATE):
+                    eta_value, coefficient, readout, do, dht, arithmetic):
     """kla_chunk_backward on the current stream: the gradients, allocated here (dq, dk like q,
     dv like v, dg / deta / dh0 fp32, empty where the input is None), with a workspace from the
     caching allocator sized by kla_backward_workspace_size; `arithmetic` is the forward's (FAST:
@@ -238,7 +238,8 @@ def chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], eta: Op
                    initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
                    cu_seqlens_cpu: Optional[Tensor], scale: float, eps: float, eta_value: float,
                    coefficient: int, readout: int, do: Tensor, dht: Optional[Tensor],
-                   arithmetic: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   arithmetic: int = P.ARITHMETIC_ACCURATE
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dg, deta, dh0) of the forward with these arguments; dg / deta / dh0 are empty
     (shape [0]) where g / eta / initial_state is None. CUDA tensors with head dims up to 128 run
     kla_chunk_backward (the kernels, launch_backward) in the forward's arithmetic (0 ACCURATE, 1
@@ -258,7 +259,7 @@ chunk_bwd = torch.library.custom_op("kla::chunk_bwd", chunk_bwd_impl, mutates_ar
 
 @chunk_bwd.register_fake
 def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
-      coefficient, readout, do, dht, arithmetic=0):
+      coefficient, readout, do, dht, arithmetic=P.ARITHMETIC_ACCURATE):
     def like(t):
         return torch.empty_like(t) if t is not None else q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(g), like(eta),
