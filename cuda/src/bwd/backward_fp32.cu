@@ -1,8 +1,10 @@
-// The backward's kernels for fp32 storage (one translation unit per dtype).
+// The backward's entry for fp32 storage, and its kernels at every head dim but the compiled one
+// (bwd/backward_fp32_k128.cu; one translation unit per dtype and head dim).
 #include "bwd/bwd_launch.cuh"
 
 namespace kla::kernels {
 cudaError_t launch_backward_fp32(const BwdParams& bp, cudaStream_t stream, const char*& what) {
-  return launch_backward<float>(bp, stream, what);
+  return bwd_runs_compiled_head_dim(bp) ? launch_backward_fp32_k128(bp, stream, what)
+                                        : launch_backward_head_dim<float, 0>(bp, stream, what);
 }
 }  // namespace kla::kernels

@@ -20,7 +20,8 @@
 //   op(A)(i, k) = TA ? A[k * lda + i] : A[i * lda + k]      [M x KD]
 //   op(B)(k, j) = TB ? B[j * ldb + k] : B[k * ldb + j]      [KD x N]
 // M is a multiple of 16, N of 8, KD of 8; pitches == 4 mod 32 keep the fragment loads
-// conflict-free (bwd_pitch). No barrier inside: the caller orders the block's accesses.
+// conflict-free (bwd_pitch); C's pitch is even and C 8-byte aligned (pairs of columns are stored
+// together). No barrier inside: the caller orders the block's accesses.
 #pragma once
 
 #include "arch/mma_tf32.cuh"
@@ -97,13 +98,22 @@ __device__ __forceinline__ void block_gemm_units(int M, int N, int KD, const flo
         mma3<!kFast, !kExactB && !kFast>(d[j][0], d[j][1], d[j][2], a, b);
       }
     }
+    // Elements (e, e + 1) of a tile are adjacent columns of one row: one 8-byte access each.
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = (d[j][0][e] + d[j][1][e]) + d[j][2][e];
-        float* dst = C + int64_t(i0 + g + (e >> 1) * 8) * ldc + n0 + 8 * j + 2 * t + (e & 1);
-        *dst = kAccumulate ? fmaf(alpha, x, *dst) : alpha * x;
+      for (int e = 0; e < 4; e += 2) {
+        float2 x = make_float2((d[j][0][e] + d[j][1][e]) + d[j][2][e],
+                               (d[j][0][e + 1] + d[j][1][e + 1]) + d[j][2][e + 1]);
+        float2* dst = reinterpret_cast<float2*>(C + int64_t(i0 + g + (e >> 1) * 8) * ldc + n0 +
+                                                8 * j + 2 * t);
+        if (kAccumulate) {
+          const float2 c = *dst;
+          x = make_float2(fmaf(alpha, x.x, c.x), fmaf(alpha, x.y, c.y));
+        } else {
+          x = make_float2(alpha * x.x, alpha * x.y);
+        }
+        *dst = x;
       }
   }
 }

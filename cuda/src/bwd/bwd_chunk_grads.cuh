@@ -24,20 +24,26 @@
 
 namespace kla::kernels {
 
-template <class E, bool kFast>
+template <class E, bool kFast, int kHD>
 __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const BwdParams bp) {
+  __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, VP = kBwdPanel, PP = bwd_pitch(VP);
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  const int K = p.K, V = p.V, PK = bwd_pitch(K), PC = bwd_pitch(C);
+  const int K = bwd_head_dim<kHD>(p.K), V = bwd_head_dim<kHD>(p.V), PK = bwd_pitch(K),
+            PC = bwd_pitch(C);
   const PrepTile pt = prep_tile(p);
   if (pt.L == 0) return;
   const int L = pt.L, hv = pt.hv, h = pt.h;
   const BwdRecord R(K, V);
-  // Products on 16 x 32 warp tiles (BwdTiles::kWidest): the narrower tiles that keep every warp
-  // busy in the scans and the prep measured slower here (docs/prefill_notes.md, backward v9).
+  // Products on 16 x 32 warp tiles (BwdTiles::kWidest). Under ACCURATE (three products a step)
+  // the C x C products and dR, 4 to 8 such tiles, run on narrower ones (BwdTiles::kEveryWarp)
+  // so that no warp waits at the next barrier for four others' work; under FAST the narrow
+  // tiles' extra fragment loads cost more than the wait (docs/prefill_notes.md, backward v11).
+  // Either way bitwise the same (bwd/block_gemm.cuh).
   constexpr BwdTiles kGT = BwdTiles::kWidest;
+  constexpr BwdTiles kSmall = kFast ? BwdTiles::kWidest : BwdTiles::kEveryWarp;
   float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
   // Shared memory (bwd_grads_smem): the [C][K] accumulators, the [C][C] matrices, a region for
   // the V panels and then the K^, Q^ tiles, the scalars.
@@ -61,7 +67,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   bwd_cp_rows(Ai, PC, rec + R.ainv, C, C, C);
   cp_commit();
-  for (int idx = tid; idx < 3 * C * PK; idx += kBwdChunkThreads) A1[idx] = 0.f;
+  for (int idx = tid; idx < 3 * C * PK / 4; idx += kBwdChunkThreads)
+    reinterpret_cast<float4*>(A1)[idx] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
     Pa[(idx / C) * PC + idx % C] = 0.f;
     Da[(idx / C) * PC + idx % C] = 0.f;
@@ -91,18 +98,18 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
     cp_wait<0>();
     __syncthreads();
     // dR = A^-T dU
-    block_gemm<kFast, true, false, false, kGT>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);
+    block_gemm<kFast, true, false, false, kSmall>(C, VP, C, Ai, PC, dUp, PP, dRp, PP, 1.f);
     // sum(dS o S) in kBwdCarryParts fixed parts (red), whatever the block's size.
     for (int idx = tid; tid < kBwdCarryParts && idx < K * VP; idx += kBwdCarryParts) {
       const int r = idx / VP, cc = idx % VP;
       carry = fmaf(Sp[r * PP + cc], dSp[r * PP + cc], carry);
     }
-    block_gemm<kFast, false, true, true, kGT>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // + dY U^T
+    block_gemm<kFast, false, true, true, kSmall>(C, C, VP, dYp, PP, Up, PP, Pa, PC, 1.f);  // dY U^T
     block_gemm<kFast, false, true, true, kGT>(C, K, VP, dYp, PP, Sp, PP, A1, PK, 1.f);  // + dY S^T
     block_gemm<kFast, false, true, true, kGT>(C, K, VP, Up, PP, dSp, PP, A2, PK, 1.f);  // + U dS^T
     __syncthreads();  // dR is complete
     bwd_store_rows(rec + R.du + c0, V, dRp, PP, C, VP);
-    block_gemm<kFast, false, true, true, kGT>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // + dR U^T
+    block_gemm<kFast, false, true, true, kSmall>(C, C, VP, dRp, PP, Up, PP, Da, PC, 1.f);  // dR U^T
     block_gemm<kFast, false, true, true, kGT>(C, K, VP, dRp, PP, Sp, PP, A3, PK, 1.f);  // + dR S^T
   }
   __syncthreads();
@@ -121,7 +128,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
   }
   cp_wait<0>();
   __syncthreads();
-  block_gemm<kFast, false, true, false, kGT>(C, C, K, Qhs, PK, Khs, PK, Ai, PC, 1.f);  // Q^ K^^T
+  block_gemm<kFast, false, true, false, kSmall>(C, C, K, Qhs, PK, Khs, PK, Ai, PC, 1.f);  // Q^K^^T
   // Row terms: e^G_i q^_i.(S dy_i), z_i, and k^_i.(S dR_i), one warp per token.
   for (int i = warp; i < C; i += kBwdChunkThreads / 32) {
     float a = 0.f, zk = 0.f, c = 0.f;
@@ -164,7 +171,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
     rq = rx - cx;
   }
   __syncthreads();
-  block_gemm<kFast, false, true, false, kGT>(C, C, K, Khs, PK, Khs, PK, Ai, PC, 1.f);  // K^ K^^T
+  block_gemm<kFast, false, true, false, kSmall>(C, C, K, Khs, PK, Khs, PK, Ai, PC, 1.f);  // K^K^^T
   __syncthreads();
   if (tid < C) {
     const int i = tid;

@@ -1,7 +1,8 @@
 // Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, input
 // gradients, and (grouped value heads) the key heads' sums, on one stream, in the arithmetic the
-// call asked for (BwdParams::fast: the products of bwd/block_gemm.cuh).
-// Decides nothing: the sizes and shared memory come from bwd/bwd_layout.hpp.
+// call asked for (BwdParams::fast: the products of bwd/block_gemm.cuh), by the kernels compiled
+// for the call's head dims (bwd_head_dim: K = V = kBwdCompiledHeadDim, or any).
+// Decides nothing else: the sizes and shared memory come from bwd/bwd_layout.hpp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,38 +24,39 @@ cudaError_t bwd_launch(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& 
   return cudaGetLastError();
 }
 
-template <class E, int VS, bool kFast>
+template <class E, int VS, bool kFast, int kHD>
 cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   const KernelParams& p = bp.f;
   const dim3 scans(unsigned(int64_t(p.N) * p.HV * (p.V / VS)));
   const int64_t smem = bwd_scan_smem(p.K, VS);
   if (p.max_chunks > 0) {
     what = "the backward state scan";
-    if (cudaError_t e = bwd_launch(bwd_state_forward_kernel<E, VS, kFast>, scans, smem, bp, stream))
+    if (cudaError_t e =
+            bwd_launch(bwd_state_forward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream))
       return e;
   }
   what = "the backward state-gradient scan";
-  return bwd_launch(bwd_state_backward_kernel<E, VS, kFast>, scans, smem, bp, stream);
+  return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
 }
 
-template <class E, bool kFast>
+template <class E, bool kFast, int kHD>
 cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   const KernelParams& p = bp.f;
   const dim3 chunks(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N));
   if (p.max_chunks > 0) {
     what = "the backward prep";
-    if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast>, chunks, bwd_prep_smem(p.K, p.V), bp,
-                                   stream, kBwdChunkThreads))
+    if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast, kHD>, chunks, bwd_prep_smem(p.K, p.V),
+                                   bp, stream, kBwdChunkThreads))
       return e;
   }
   if (cudaError_t e = bwd_scan_slice(p.V) == 32
-                          ? launch_backward_scans<E, 32, kFast>(bp, stream, what)
-                          : launch_backward_scans<E, 16, kFast>(bp, stream, what))
+                          ? launch_backward_scans<E, 32, kFast, kHD>(bp, stream, what)
+                          : launch_backward_scans<E, 16, kFast, kHD>(bp, stream, what))
     return e;
   if (p.max_chunks == 0) return cudaSuccess;
   what = "the backward input gradients";
-  if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E, kFast>, chunks, bwd_grads_smem(p.K), bp,
-                                 stream, kBwdChunkThreads))
+  if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E, kFast, kHD>, chunks, bwd_grads_smem(p.K),
+                                 bp, stream, kBwdChunkThreads))
     return e;
   if (bp.group > 1) {
     what = "the backward key-head sums";
@@ -64,19 +66,29 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
   return cudaSuccess;
 }
 
-/// The backward in the call's arithmetic (the kernel mutant bwd_fast_in_accurate runs FAST for
-/// every call).
-template <class E>
-cudaError_t launch_backward(const BwdParams& bp, cudaStream_t stream, const char*& what) {
+/// The backward in the call's arithmetic, with the kernels compiled for head dims kHD
+/// (bwd_head_dim; the kernel mutant bwd_fast_in_accurate runs FAST for every call).
+template <class E, int kHD>
+cudaError_t launch_backward_head_dim(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   KLA_SYNC_KERNEL_MUTANT(stream, what);  // a no-op outside the mutant build
   return bp.fast != 0 || KLA_HOST_MUTANT(bwd_fast_in_accurate)
-             ? launch_backward_arith<E, true>(bp, stream, what)
-             : launch_backward_arith<E, false>(bp, stream, what);
+             ? launch_backward_arith<E, true, kHD>(bp, stream, what)
+             : launch_backward_arith<E, false, kHD>(bp, stream, what);
 }
 
-/// Defined in bwd/backward_{fp32,bf16,fp16}.cu.
+/// Whether a call runs the kernels compiled for kBwdCompiledHeadDim.
+inline bool bwd_runs_compiled_head_dim(const BwdParams& bp) {
+  return bp.f.K == kBwdCompiledHeadDim && bp.f.V == kBwdCompiledHeadDim;
+}
+
+/// One translation unit per dtype and head dim: bwd/backward_{fp32,bf16,fp16}.cu define the entry
+/// of each dtype (and hold its kHD = 0 kernels), bwd/backward_{fp32,bf16,fp16}_k128.cu the kernels
+/// at K = V = kBwdCompiledHeadDim, which the entry calls where bwd_runs_compiled_head_dim.
 cudaError_t launch_backward_fp32(const BwdParams& bp, cudaStream_t stream, const char*& what);
 cudaError_t launch_backward_bf16(const BwdParams& bp, cudaStream_t stream, const char*& what);
 cudaError_t launch_backward_fp16(const BwdParams& bp, cudaStream_t stream, const char*& what);
+cudaError_t launch_backward_fp32_k128(const BwdParams& bp, cudaStream_t stream, const char*& what);
+cudaError_t launch_backward_bf16_k128(const BwdParams& bp, cudaStream_t stream, const char*& what);
+cudaError_t launch_backward_fp16_k128(const BwdParams& bp, cudaStream_t stream, const char*& what);
 
 }  // namespace kla::kernels

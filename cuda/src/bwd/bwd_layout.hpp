@@ -39,6 +39,16 @@ constexpr int bwd_scan_slice(int V) {
   return V % 32 == 0 ? 32 : 16;
 }
 
+/// The head dims a backward kernel runs at: kHD = K = V compiled in (its loop bounds, pitches
+/// and record offsets become constants, which removes most of the address arithmetic the
+/// kernels issue), or the call's p.K, p.V where kHD = 0. kBwdCompiledHeadDim has kernels of its
+/// own (bwd/backward_<dtype>_k128.cu); every other shape runs the kHD = 0 kernels.
+constexpr int kBwdCompiledHeadDim = 128;
+template <int kHD>
+constexpr int bwd_head_dim(int runtime) {
+  return kHD != 0 ? kHD : runtime;
+}
+
 /// Rows of the record's per-token scalars.
 enum BwdScalar : int {
   kScKscale = 0,  // k^ = kscale k (0 for a degenerate key)

@@ -26,13 +26,15 @@
 
 namespace kla::kernels {
 
-template <class E, bool kFast>
+template <class E, bool kFast, int kHD>
 __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdParams bp) {
+  __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
   const KernelParams& p = bp.f;
   constexpr int C = kChunk;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  const int K = p.K, V = p.V, PK = bwd_pitch(K), PV = bwd_pitch(V), PC = bwd_pitch(C);
+  const int K = bwd_head_dim<kHD>(p.K), V = bwd_head_dim<kHD>(p.V), PK = bwd_pitch(K),
+            PV = bwd_pitch(V), PC = bwd_pitch(C);
   const PrepTile pt = prep_tile(p);
   if (pt.L == 0) return;
   const int L = pt.L, hv = pt.hv, h = pt.h;

@@ -22,17 +22,20 @@
 
 namespace kla::kernels {
 
-template <class E, int VS, bool kFast>
+template <class E, int VS, bool kFast, int kHD>
 __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const BwdParams bp) {
+  __builtin_assume(blockDim.x == kBwdThreads);  // the launcher's (bwd_launch.cuh)
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, PS = bwd_pitch(VS);
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  const int K = p.K, V = p.V, PK = bwd_pitch(K);
+  const int K = bwd_head_dim<kHD>(p.K), V = bwd_head_dim<kHD>(p.V), PK = bwd_pitch(K);
   const ScanTile blk = scan_tile(p, K, V, VS);
   const int n = blk.n, hv = blk.hv, c0 = blk.c0;
   const SeqRange sr = blk.sr;
   const BwdRecord R(K, V);
+  float* const rec0 = bwd_record(bp, n, sr, 0, hv);  // chunk ch's record: rec0 + ch * rstep
+  const int64_t rstep = bwd_record_step(bp);
   // Stage st: W [C][PK], k^ [C][PK], the U0 slice [C][PS], G [C]; then the state slice.
   const int stage = int(bwd_scan_stage_floats(K, VS, false));
   float* Ss = smem + 2 * stage;  // [K][PS]
@@ -44,7 +47,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
   const int nch = int((sr.len + C - 1) / C);
   auto issue = [&](int st, int ch) {
     float* base = smem + st * stage;
-    const float* rec = bwd_record(bp, n, sr, ch, hv);
+    const float* rec = rec0 + ch * rstep;
     bwd_cp_rows(base, PK, rec + R.w, K, C, K);
     bwd_cp_rows(base + C * PK, PK, rec + R.kh, K, C, K);
     bwd_cp_rows(base + 2 * C * PK, PS, rec + R.u + c0, V, C, VS);
@@ -54,7 +57,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
   if (nch > 0) issue(0, 0);
   for (int ch = 0; ch < nch; ++ch) {
     const int st = ch & 1;
-    float* rec = bwd_record(bp, n, sr, ch, hv);
+    float* rec = rec0 + ch * rstep;
     float* Ws = smem + st * stage;
     float* Khs = Ws + C * PK;
     float* Us = Khs + C * PK;  // U0, then U, then diag(Gamma_C.) U
@@ -79,23 +82,31 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
       u.x *= gci, u.y *= gci, u.z *= gci, u.w *= gci;
       *reinterpret_cast<float4*>(Us + i * PS + cc) = u;
     }
-    for (int idx = tid; idx < K * VS; idx += kBwdThreads) Ss[(idx / VS) * PS + idx % VS] *= gC;
+    for (int idx = tid; idx < K * (VS / 4); idx += kBwdThreads) {  // gamma_C S
+      float4* s4 = reinterpret_cast<float4*>(Ss + (idx / (VS / 4)) * PS + (idx % (VS / 4)) * 4);
+      float4 s = *s4;
+      s.x *= gC, s.y *= gC, s.z *= gC, s.w *= gC;
+      *s4 = s;
+    }
     __syncthreads();
     block_gemm<kFast, true, false, true>(K, VS, C, Khs, PK, Us, PS, Ss, PS, 1.f);  // + K^^T diag U
   }
 }
 
-template <class E, int VS, bool kFast>
+template <class E, int VS, bool kFast, int kHD>
 __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const BwdParams bp) {
+  __builtin_assume(blockDim.x == kBwdThreads);  // the launcher's (bwd_launch.cuh)
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, PS = bwd_pitch(VS);
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  const int K = p.K, V = p.V, PK = bwd_pitch(K);
+  const int K = bwd_head_dim<kHD>(p.K), V = bwd_head_dim<kHD>(p.V), PK = bwd_pitch(K);
   const ScanTile blk = scan_tile(p, K, V, VS);
   const int n = blk.n, hv = blk.hv, c0 = blk.c0;
   const SeqRange sr = blk.sr;
   const BwdRecord R(K, V);
+  float* const rec0 = bwd_record(bp, n, sr, 0, hv);  // chunk ch's record: rec0 + ch * rstep
+  const int64_t rstep = bwd_record_step(bp);
   // Stage st: W [C][PK], k^ [C][PK], the X slice [C][PS], the Y slice [K][PS], G [C]; then dS
   // [K][PS] and dU [C][PS].
   const int stage = int(bwd_scan_stage_floats(K, VS, true));
@@ -110,7 +121,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
   const int nch = int((sr.len + C - 1) / C);
   auto issue = [&](int st, int ch) {
     float* base = smem + st * stage;
-    const float* rec = bwd_record(bp, n, sr, ch, hv);
+    const float* rec = rec0 + ch * rstep;
     bwd_cp_rows(base, PK, rec + R.w, K, C, K);
     bwd_cp_rows(base + C * PK, PK, rec + R.kh, K, C, K);
     bwd_cp_rows(base + 2 * C * PK, PS, rec + R.du + c0, V, C, VS);
@@ -121,7 +132,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
   if (nch > 0) issue(0, nch - 1);
   for (int step = 0; step < nch; ++step) {
     const int ch = nch - 1 - step, st = step & 1;
-    float* rec = bwd_record(bp, n, sr, ch, hv);
+    float* rec = rec0 + ch * rstep;
     float* Ws = smem + st * stage;
     float* Khs = Ws + C * PK;
     float* Xs = Khs + C * PK;
@@ -149,10 +160,14 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
       *reinterpret_cast<float4*>(dU + i * PS + cc) = x;
       *reinterpret_cast<float4*>(rec + R.du + int64_t(i) * V + c0 + cc) = x;
     }
-    for (int idx = tid; idx < K * VS; idx += kBwdThreads) {  // gamma_C dS + Y
-      const int r = idx / VS, cc = idx % VS;
-      dS[r * PS + cc] =
-          fmaf(KLA_MUTANT(bwd_carry_no_gamma) ? 1.f : gC, dS[r * PS + cc], Ys[r * PS + cc]);
+    const float gCd = KLA_MUTANT(bwd_carry_no_gamma) ? 1.f : gC;
+    for (int idx = tid; idx < K * (VS / 4); idx += kBwdThreads) {  // gamma_C dS + Y
+      const int at = (idx / (VS / 4)) * PS + (idx % (VS / 4)) * 4;
+      float4 d = *reinterpret_cast<const float4*>(dS + at);
+      const float4 y = *reinterpret_cast<const float4*>(Ys + at);
+      d.x = fmaf(gCd, d.x, y.x), d.y = fmaf(gCd, d.y, y.y);
+      d.z = fmaf(gCd, d.z, y.z), d.w = fmaf(gCd, d.w, y.w);
+      *reinterpret_cast<float4*>(dS + at) = d;
     }
     __syncthreads();
     block_gemm<kFast, true, false, true>(K, VS, C, Ws, PK, dU, PS, dS, PS, -1.f);  // - W^T dU

@@ -18,6 +18,12 @@ __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const S
   return bp.ws + (chunk_slot(bp.f, n, sr, c) * bp.f.HV + hv) * bp.rec_floats;
 }
 
+/// Floats from the record of chunk c to that of chunk c + 1 (one sequence, one value head): a
+/// sequence's chunk slots are consecutive (chunk_slot).
+__device__ __forceinline__ int64_t bwd_record_step(const BwdParams& bp) {
+  return int64_t(bp.f.HV) * bp.rec_floats;
+}
+
 /// The (row, column) of idx = start, start + step, ... over a grid `w` columns wide, advanced by
 /// an add and a compare instead of a division an element (w and step are runtime in most calls).
 struct GridWalk {
@@ -33,7 +39,7 @@ struct GridWalk {
 /// Loads rows [0, L) of a [C][W] tile of a [B,T,heads,W] tensor (zero rows past L) as fp32 into
 /// shared memory of pitch `pitch`: 16-byte vectors, four in flight per thread before any is
 /// stored (the loads' latency overlaps). W a multiple of 16 / sizeof(E); base, strides 16-byte
-/// aligned (validated).
+/// aligned (validated); dst and pitch 16-byte aligned.
 template <class E>
 __device__ __forceinline__ void bwd_load_rows(float* dst, int pitch, const E* base,
                                               const int64_t* st, int64_t b, int64_t tb, int head,
@@ -54,10 +60,12 @@ __device__ __forceinline__ void bwd_load_rows(float* dst, int pitch, const E* ba
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      if (ri[u] < kChunk) {
+      if (ri[u] < kChunk) {  // 16-byte stores (a lane's VE values are adjacent)
         const E* e = reinterpret_cast<const E*>(&raw[u]);
+        float4* d4 = reinterpret_cast<float4*>(dst + ri[u] * pitch + rc[u]);
 #pragma unroll
-        for (int j = 0; j < VE; ++j) dst[ri[u] * pitch + rc[u] + j] = tof(e[j]);
+        for (int j = 0; j < VE; j += 4)
+          d4[j / 4] = make_float4(tof(e[j]), tof(e[j + 1]), tof(e[j + 2]), tof(e[j + 3]));
       }
     }
   }
