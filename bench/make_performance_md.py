@@ -16,6 +16,9 @@ import os
 import shutil
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from backward_targets import ISSUE25  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMAND = "bash bench/run_side_by_side.sh"
 PEER = {  # SPEC §4: FLA chunk_gated_delta_rule on one H200, bf16 (kernel, with beta in PyTorch)
@@ -519,6 +522,12 @@ def main():
               "wrong dq / dk / dg there); the script bypassed that guard, so FLA's rows are what "
               "a user who forces it gets.")
         w("")
+        if os.path.exists(os.path.join(args.docs, "performance", "backward.png")):
+            w("![backward beside FLA](performance/backward.png)")
+            w("")
+            w("Drawn by `bench/plot_backward.py` from backward.json (this run, solid) and "
+              "backward_earlier.json (the previous landed run, light) beside this page.")
+            w("")
         fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
         if fast:
             w("kla FAST: the same call with `arithmetic=\"fast\"` (the backward's products on one "
@@ -529,10 +538,9 @@ def main():
           "FlashQLA bwd (published, H200) | goal | kla workspace GiB | kla peak GiB | "
           "FLA peak GiB |")
         w("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fast else ""))
-        published = {"1x32768": ("2.515", "≤ 2.5"), "8 seqs, 32768 total": ("2.893", "≤ 2.9"),
-                     "1x8192": ("0.789", "≤ 0.79")}
         for r in bwd.get("speed", []):
-            pub, goal = published.get(r["case"], ("–", "–"))
+            pub, goal = ISSUE25.get(r["case"], (None, None))
+            pub, goal = (f"{pub:.3f}", f"≤ {goal:g}") if pub else ("–", "–")
             fb = f" {f(r.get('kla_fast_bwd_ms'), '.3f')} |" if fast else ""
             ffb = f" {f(r.get('kla_fast_fwd_bwd_ms'), '.3f')} |" if fast else ""
             w(f"| {r['case']} | {f(r.get('kla_bwd_ms'), '.3f')} |{fb} "
@@ -597,6 +605,8 @@ def main():
     w("# context parallelism, on a machine with several GPUs (carry build-gpu/dist):")
     w("PYTHONPATH=python KLA_CUDA_LIBRARY=$PWD/build-gpu/dist/libkla_cuda.so.5 \\")
     w("    python3 bench/bench_cp.py --out $OUT/cp --gpus 1 2 4 --fla   # (also PYTHONPATH+=FLA)")
+    w("python3 bench/plot_backward.py 'NOW=docs/performance/backward.json' \\")
+    w("    'EARLIER=docs/performance/backward_earlier.json' --out docs/performance/backward.png")
     w("python3 bench/plot_cp.py docs/performance/cp.json [docs/performance/cp_earlier.json] \\")
     w("    --out docs/performance/cp_scaling.png --title '...'   # here, needs matplotlib")
     w("                                             # here: this page and docs/performance/*.png")

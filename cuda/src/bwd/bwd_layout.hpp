@@ -40,7 +40,7 @@ constexpr int bwd_scan_slice(int V) {
 }
 
 /// The head dims a backward kernel runs at: kHD = K = V compiled in (its loop bounds, pitches
-/// and record offsets become constants, which removes most of the address arithmetic the
+/// and record offsets become constants, which removes much of the address arithmetic the
 /// kernels issue), or the call's p.K, p.V where kHD = 0. kBwdCompiledHeadDim has kernels of its
 /// own (bwd/backward_<dtype>_k128.cu); every other shape runs the kHD = 0 kernels.
 constexpr int kBwdCompiledHeadDim = 128;
