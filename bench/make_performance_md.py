@@ -526,7 +526,7 @@ def main():
             w("![backward beside FLA](performance/backward.png)")
             w("")
             w("Drawn by `bench/plot_backward.py` from backward.json (this run, solid) and "
-              "backward_earlier.json (the previous landed run, light) beside this page.")
+              "backward_earlier.json (the previous landed run, light) in docs/performance/.")
             w("")
         fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
         if fast:
