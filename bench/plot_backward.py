@@ -16,6 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from backward_targets import ISSUE25  # noqa: E402
+from figure import pyplot, save, wrap  # noqa: E402
 
 
 def load(spec):
@@ -54,10 +55,7 @@ def main():
     runs = [load(s) for s in args.runs]
     cases = list(runs[0][1])
     series = bars(runs)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(10, 4.4))
+    fig, ax = pyplot().subplots(figsize=(10, 4.4))
     width = 0.8 / len(series)
     colors = {"kla ACCURATE": "tab:blue", "kla FAST": "tab:green", "FLA": "tab:orange"}
     for s, (label, vals, run) in enumerate(series):
@@ -82,11 +80,8 @@ def main():
     ax.set_ylabel("backward ms (log)")
     ax.grid(axis="y", alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2, loc="upper right")
-    import textwrap
-    ax.set_title("\n".join(textwrap.wrap(args.title, 140)), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out}")
+    ax.set_title(wrap(args.title, 140), fontsize=8)
+    save(fig, args.out)
     return 0
 
 

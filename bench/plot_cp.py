@@ -12,7 +12,11 @@ Needs matplotlib.
 """
 import argparse
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from figure import pyplot, save, wrap  # noqa: E402
 
 
 def speedups(rows, key, pick=lambda r: r):
@@ -40,10 +44,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--title", default="")
     args = ap.parse_args()
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2), sharey=True)
     top = 1
     for i, path in enumerate(args.runs):
         with open(path) as fh:
@@ -71,11 +72,8 @@ def main():
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("speed-up over one GPU (its own library)")
     axes[1].legend(fontsize=7, loc="upper left")
-    import textwrap
-    fig.suptitle("\n".join(textwrap.wrap(args.title, 150)), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out}")
+    fig.suptitle(wrap(args.title, 150), fontsize=9)
+    save(fig, args.out)
     return 0
 
 
