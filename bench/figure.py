@@ -1,5 +1,16 @@
-"""What every bench plot shares: matplotlib without a display, a wrapped title, the save."""
+"""What every bench plot shares: its command line, matplotlib without a display, a wrapped title,
+the save."""
+import argparse
 import textwrap
+
+
+def plot_arguments(doc, runs_help):
+    """RUNS... --out PNG [--title T], the program described by the first line of doc."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("runs", nargs="+", help=runs_help)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--title", default="")
+    return ap.parse_args()
 
 
 def pyplot():

@@ -9,14 +9,13 @@ same run), FlashQLA's published H200 time and issue 25's goal, log scale.
 Each argument is LABEL=backward.json (the label names the run, e.g. its commit); the first run is
 drawn solid, the others lighter (earlier runs), FLA from every run that has it. Needs matplotlib.
 """
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from backward_targets import ISSUE25  # noqa: E402
-from figure import pyplot, save, wrap  # noqa: E402
+from figure import plot_arguments, pyplot, save, wrap  # noqa: E402
 
 
 def load(spec):
@@ -47,11 +46,7 @@ def bars(runs):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", help="LABEL=backward.json (the first drawn solid)")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--title", default="")
-    args = ap.parse_args()
+    args = plot_arguments(__doc__, "LABEL=backward.json (the first drawn solid)")
     runs = [load(s) for s in args.runs]
     cases = list(runs[0][1])
     series = bars(runs)

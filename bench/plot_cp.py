@@ -10,13 +10,12 @@ Each file is a cp.json that bench_cp.py (or make_performance_md.py's merge) wrot
 rows are drawn in one figure, solid for the first file, dashed for the others (an earlier run).
 Needs matplotlib.
 """
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from figure import pyplot, save, wrap  # noqa: E402
+from figure import plot_arguments, pyplot, save, wrap  # noqa: E402
 
 
 def speedups(rows, key, pick=lambda r: r):
@@ -39,11 +38,7 @@ def label(problem):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", help="cp.json files (the first drawn solid)")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--title", default="")
-    args = ap.parse_args()
+    args = plot_arguments(__doc__, "cp.json files (the first drawn solid)")
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2), sharey=True)
     top = 1
     for i, path in enumerate(args.runs):
