@@ -22,8 +22,11 @@ def load(spec):
     label, sep, path = spec.partition("=")
     if not sep:
         raise SystemExit(f"plot_backward: '{spec}' is not LABEL=backward.json")
-    with open(path) as fh:
-        rows = json.load(fh).get("speed", [])
+    try:
+        with open(path) as fh:
+            rows = json.load(fh).get("speed", [])
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"plot_backward: cannot read {path}: {e}")
     if not rows:
         raise SystemExit(f"plot_backward: {path} has no speed rows")
     return label, {r["case"]: r for r in rows}

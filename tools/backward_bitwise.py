@@ -36,6 +36,9 @@ def cases():
 def run(out):
     import torch.nn.functional as F
 
+    if not torch.cuda.is_available():
+        raise SystemExit("backward_bitwise run: needs a CUDA GPU (and PYTHONPATH=python, "
+                         "KLA_CUDA_LIBRARY=the build to check)")
     import kla
 
     dev = "cuda"
@@ -73,8 +76,18 @@ def same(x, y):
             and torch.equal(torch.where(nan, 0, x), torch.where(nan, 0, y)))
 
 
+def load(path):
+    try:
+        res = torch.load(path)
+    except Exception as e:  # noqa: BLE001 (a missing, truncated or foreign file alike)
+        raise SystemExit(f"backward_bitwise: cannot read {path}: {type(e).__name__}: {e}")
+    if not isinstance(res, dict):
+        raise SystemExit(f"backward_bitwise: {path} is not a file this tool's run step wrote")
+    return res
+
+
 def compare(a_path, b_path):
-    a, b = torch.load(a_path), torch.load(b_path)
+    a, b = load(a_path), load(b_path)
     if a.keys() != b.keys():
         print("the files hold different cases")
         return 1

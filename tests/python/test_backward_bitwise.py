@@ -4,6 +4,7 @@ Its run step needs a GPU: docs/prefill_notes.md, backward v11."""
 import importlib.util
 import os
 
+import pytest
 import torch
 
 _spec = importlib.util.spec_from_file_location(
@@ -49,3 +50,15 @@ def test_one_bit_or_one_nan_fails(tmp_path, capsys):
         pair[first][2][2][0, 4] = float("nan")
         assert bb.compare(*_files(tmp_path, pair[0], pair[1])) == 1
         assert "case 2 tensor 2: differs" in capsys.readouterr().out
+
+
+def test_unreadable_files_are_a_clear_error(tmp_path):
+    good = tmp_path / "good.pt"
+    torch.save({0: [torch.zeros(2)]}, good)
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    torch.save([1, 2], tmp_path / "list.pt")
+    for bad, words in (("missing.pt", "cannot read"), ("junk.pt", "cannot read"),
+                       ("list.pt", "is not a file")):
+        with pytest.raises(SystemExit) as e:
+            bb.compare(str(good), str(tmp_path / bad))
+        assert words in str(e.value) and bad in str(e.value)
