@@ -58,9 +58,12 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
   kla::plan::DeviceInfo dev;
   if (kla_status s = kla::detail::current_device(dev)) return s;
   const int K = int(p->forward.head_dim_k), V = int(p->forward.head_dim_v);
-  const int64_t need = std::max({kla::layout::bwd_prep_smem(K, V),
-                                 kla::layout::bwd_scan_smem(K, kla::layout::bwd_scan_slice(V)),
-                                 kla::layout::bwd_grads_smem(K)});
+  const bool bf16_grads = kla::layout::bwd_runs_bf16_input_grads(
+      p->forward.arithmetic == KLA_ARITHMETIC_FAST, p->forward.dtype == KLA_DTYPE_BF16, K, V);
+  const int64_t need = std::max(
+      {kla::layout::bwd_prep_smem(K, V),
+       kla::layout::bwd_scan_smem(K, kla::layout::bwd_scan_slice(V)),
+       bf16_grads ? kla::layout::bwd_input_grads_bf16_smem() : kla::layout::bwd_grads_smem(K)});
   if (need > dev.max_smem)
     return fail(KLA_ERROR_UNSUPPORTED_PATH,
                 cat("kla_chunk_backward: the backward needs ", need,

@@ -9,8 +9,9 @@
 //   forward's TF32 path).
 // * FAST (kFast = true): each operand one part, its fp32 bits as they are, read by the tensor core
 //   as TF32 (truncated: below 2^-10 relative an operand, 2^-9 a product): one product a step and
-//   no split. Still finer than the 16-bit operands of the peers' backward (bf16: 2^-9 an
-//   operand); docs/accuracy.md has both beside each other.
+//   no split. Still finer than the 16-bit operands of the peers' backward (bf16 rounded to
+//   nearest: below 2^-8 an operand); docs/accuracy.md has both beside each other. (For bf16 at
+//   K = V = 128 the input gradients run on bf16 operands instead, bwd/bwd_input_grads_bf16.cuh.)
 // Each warp owns 16 x 8 NT output tiles (BwdTiles: NT = 4, or the widest that still gives every
 // warp a tile) and sums over the inner dimension in index order: every output element is the
 // same chains over k whatever NT and the block's size, so the result is bitwise the same (no
@@ -60,7 +61,8 @@ __device__ __forceinline__ FragB bwd_frag_b(const float* s, int P, int k0, int n
 }
 
 /// The kernel mutant bwd_fast_bf16_operands (common/kernel_mutants.hpp): FAST's operands rounded
-/// to bf16 (nearest), the peers' grade, where FAST promises TF32's.
+/// to bf16 (nearest), the peers' grade, where FAST promises TF32's (the state-gradient path always;
+/// every product where the bf16 input-gradient kernel does not run).
 __device__ __forceinline__ void bwd_mutant_bf16(uint32_t* h, int n) {
   for (int e = 0; e < n; ++e) h[e] = (h[e] + 0x8000u) & 0xffff0000u;
 }

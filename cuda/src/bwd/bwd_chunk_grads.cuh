@@ -15,12 +15,13 @@
 //                   proofs_check grad.normalized_key.
 //   bwd_group_sum_kernel   dq, dk of each key head: its value heads' in order (no atomics).
 // Precision: fp32, each product in the call's arithmetic and summed in index order
-// (bwd/block_gemm.cuh); every other sum in a fixed order, whatever the block's size.
+// (bwd/block_gemm.cuh); every other sum in a fixed order, whatever the block's size. The steps
+// after the products are bwd/bwd_grads_parts.cuh's, shared with bwd/bwd_input_grads_bf16.cuh
+// (FAST, bf16, K = V = 128).
 #pragma once
 
 #include "bwd/block_gemm.cuh"
-#include "bwd/bwd_tiles.cuh"
-#include "prep/token_scalars.cuh"
+#include "bwd/bwd_grads_parts.cuh"
 
 namespace kla::kernels {
 
@@ -35,7 +36,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
             PC = bwd_pitch(C);
   const PrepTile pt = prep_tile(p);
   if (pt.L == 0) return;
-  const int L = pt.L, hv = pt.hv, h = pt.h;
+  const int L = pt.L, hv = pt.hv;
   const BwdRecord R(K, V);
   // Products on 16 x 32 warp tiles (BwdTiles::kWidest). Under ACCURATE (three products a step)
   // the C x C products and dR, 4 to 8 such tiles, run on narrower ones (BwdTiles::kEveryWarp)
@@ -119,13 +120,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
   bwd_cp_rows(Khs, PK, rec + R.kh, K, C, K);
   bwd_cp_rows(Qhs, PK, rec + R.qh, K, C, K);
   cp_commit();
-  // Pm = (dY U^T) o Gamma (j <= i), dL o Gamma = -(dR U^T) o Gamma (j < i).
-  for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {
-    const int i = idx / C, j = idx % C;
-    const float gam = j <= i ? expf(G[i] - G[j]) : 0.f;
-    Pa[i * PC + j] *= gam;  // 0 above the diagonal
-    Da[i * PC + j] = j < i ? -Da[i * PC + j] * gam : 0.f;
-  }
+  bwd_gamma_masks(Pa, Da, PC, G);  // Pm, dL o Gamma
   cp_wait<0>();
   __syncthreads();
   block_gemm<kFast, false, true, false, kSmall>(C, C, K, Qhs, PK, Khs, PK, Ai, PC, 1.f);  // Q^K^^T
@@ -160,136 +155,25 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_chunk_grads_kernel(const
       *reinterpret_cast<float4*>(A1 + i * PK + c) = x1;
       *reinterpret_cast<float4*>(A2 + i * PK + c) = x2;
     }
-  float rq = 0.f;  // row tid: sum_j (Pm o Q^K^^T)_ij - sum_j (Pm o Q^K^^T)_ji
-  if (tid < C) {
-    const int i = tid;
-    float rx = 0.f, cx = 0.f;
-    for (int j = 0; j < C; ++j) {
-      rx = fmaf(Pa[i * PC + j], Ai[i * PC + j], rx);
-      cx = fmaf(Pa[j * PC + i], Ai[j * PC + i], cx);
-    }
-    rq = rx - cx;
-  }
+  const float rq = bwd_readout_gate_sum(Pa, Ai, PC);
   __syncthreads();
   block_gemm<kFast, false, true, false, kSmall>(C, C, K, Khs, PK, Khs, PK, Ai, PC, 1.f);  // K^K^^T
   __syncthreads();
-  if (tid < C) {
-    const int i = tid;
-    float rt = 0.f, cbt = 0.f;
-    for (int j = 0; j < C; ++j) {
-      rt = fmaf(Da[i * PC + j], Ai[i * PC + j], rt);
-      cbt = fmaf(beta[j] * Da[j * PC + i], Ai[j * PC + i], cbt);
-    }
-    dGs[i] += rq + (beta[i] * rt - cbt);
-    dbs[i] += rt;
-  }
+  bwd_system_gate_sums(Da, Ai, PC, beta, rq, dGs, dbs);
   __syncthreads();                                             // the sums above read dL o Gamma
   for (int idx = tid; idx < C * C; idx += kBwdChunkThreads) {  // Z = diag(beta) (dL o Gamma)
     const int i = idx / C, j = idx % C;
     Da[i * PC + j] *= beta[i];
   }
   __syncthreads();
-  if (tid == 0) {
-    // Carried state: dG_{C-1} += gamma_C sum(dS o S) + sum_i z_i; then dg = reverse cumsum.
-    float s = 0.f;
-    for (int t = 0; t < kBwdCarryParts; ++t) s += red[t];
-    float zsum = 0.f;
-    for (int i = 0; i < C; ++i) zsum += zs[i];
-    dGs[C - 1] += rec[R.sc + kScChunk * C] * s + zsum;
-    float acc = 0.f;
-    for (int i = C - 1; i >= 0; --i) {
-      acc += dGs[i];
-      dGs[i] = acc;
-    }
-  }
+  bwd_carry_and_cumsum(red, kBwdCarryParts, zs, rec[R.sc + kScChunk * C], dGs);
   block_gemm<kFast, false, false, true, kGT>(C, K, C, Pa, PC, Khs, PK, A1, PK, 1.f);  // + Pm K^
   block_gemm<kFast, true, false, true, kGT>(C, K, C, Pa, PC, Qhs, PK, A2, PK, 1.f);   // + Pm^T Q^
   block_gemm<kFast, false, false, true, kGT>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);  // + Z K^
   block_gemm<kFast, true, false, true, kGT>(C, K, C, Da, PC, Khs, PK, A2, PK, 1.f);   // + Z^T K^
   __syncthreads();
 
-  // The prologue backwards and the writes, one warp per token; lane l holds elements l + 32 m
-  // (m < kRowSlots), every global read of a token issued before any is used.
-  constexpr int kRowSlots = kBwdMaxHeadDim / 32;
-  const E* qb = static_cast<const E*>(p.q);
-  const E* kb = static_cast<const E*>(p.k);
-  E* dvb = static_cast<E*>(bp.dv);
-  const float* rs = rec + R.sc;
-  const bool direct = bp.group == 1;
-  for (int i = warp; i < L; i += kBwdChunkThreads / 32) {
-    const int64_t t = pt.tb + i, b = pt.sr.b;
-    const E* qrow = qb + b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2];
-    const E* krow = kb + b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2];
-    float q0[kRowSlots], k0[kRowSlots], vh[kRowSlots], dr[kRowSlots];
-#pragma unroll
-    for (int m = 0; m < kRowSlots; ++m) {
-      const int r = lane + 32 * m;
-      q0[m] = p.l2norm != 0 && r < K ? tof(qrow[r]) : 0.f;
-      k0[m] = p.l2norm == 2 && r < K ? tof(krow[r]) : 0.f;
-      vh[m] = r < V ? rec[R.vh + int64_t(i) * V + r] : 0.f;
-      dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
-    }
-    const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
-    const float ks = rs[kScVscale * C + i], kn = rs[kScKnorm * C + i], bi = beta[i];
-    // dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out (q^ = qn q), else qs dq^.
-    float dot = 0.f;
-#pragma unroll
-    for (int m = 0; m < kRowSlots; ++m)
-      if (lane + 32 * m < K) dot = fmaf(q0[m] * qn, A1[i * PK + lane + 32 * m], dot);
-    dot = warp_sum(dot);
-#pragma unroll
-    for (int m = 0; m < kRowSlots; ++m) {
-      const int r = lane + 32 * m;
-      if (r >= K) continue;
-      const float x = qs * (A1[i * PK + r] - q0[m] * qn * dot);
-      if (direct)
-        static_cast<E*>(bp.dq)[b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2] + r] =
-            Dtype<E>::from_float(x);
-      else
-        rec[R.dq + int64_t(i) * K + r] = x;
-    }
-    // dv = vscale dv^, dv^ = beta dR; dbeta += v^ . dR; the Kaczmarz share of dk:
-    // t1 = k^.dk^ + v^.dv^.
-    float vdr = 0.f, t1 = 0.f;
-#pragma unroll
-    for (int m = 0; m < kRowSlots; ++m) {
-      const int r = lane + 32 * m;
-      if (r < V) {
-        vdr = fmaf(vh[m], dr[m], vdr);
-        dvb[b * bp.dvs[0] + t * bp.dvs[1] + int64_t(hv) * bp.dvs[2] + r] =
-            Dtype<E>::from_float(ks * (bi * dr[m]));
-      }
-      if (r < K) t1 = fmaf(Khs[i * PK + r], A2[i * PK + r], t1);
-    }
-    vdr = warp_sum(vdr);
-    t1 = fmaf(bi, vdr, warp_sum(t1));
-    // dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^; then the qk l2-norm's chain through k1 = kn k.
-    float dk1[kRowSlots], t2 = 0.f;
-#pragma unroll
-    for (int m = 0; m < kRowSlots; ++m) {
-      const int r = lane + 32 * m;
-      dk1[m] = 0.f;
-      if (r >= K) continue;
-      dk1[m] = p.kaczmarz ? ks * (A2[i * PK + r] - Khs[i * PK + r] * t1) : A2[i * PK + r];
-      t2 = fmaf(k0[m] * kn, dk1[m], t2);
-    }
-    t2 = warp_sum(t2);
-#pragma unroll
-    for (int m = 0; m < kRowSlots; ++m) {
-      const int r = lane + 32 * m;
-      if (r >= K) continue;
-      const float x = p.l2norm == 2 ? kn * (dk1[m] - k0[m] * kn * t2) : dk1[m];
-      if (direct)
-        static_cast<E*>(bp.dk)[b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2] + r] =
-            Dtype<E>::from_float(x);
-      else
-        rec[R.dk + int64_t(i) * K + r] = x;
-    }
-    if (lane == 0) {
-      if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + hv] = dGs[i];
-      if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + hv] = dbs[i] + vdr;
-    }
-  }
+  bwd_token_grads<E>(bp, pt, rec, K, V, A1, A2, PK, Khs, PK, beta, dGs, dbs);
 }
 
 /// dq, dk of key head h (grid: chunk, key head, sequence): the sum of its value heads' rows in

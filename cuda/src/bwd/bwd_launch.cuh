@@ -1,13 +1,15 @@
 // Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, input
 // gradients, and (grouped value heads) the key heads' sums, on one stream, in the arithmetic the
-// call asked for (BwdParams::fast: the products of bwd/block_gemm.cuh), by the kernels compiled
-// for the call's head dims (bwd_head_dim: K = V = kBwdCompiledHeadDim, or any).
+// call asked for (BwdParams::fast: the products of bwd/block_gemm.cuh; under FAST in bf16 at
+// K = V = 128 the input gradients on bf16 operands, bwd_runs_bf16_input_grads), by the kernels
+// compiled for the call's head dims (bwd_head_dim: K = V = kBwdCompiledHeadDim, or any).
 // Decides nothing else: the sizes and shared memory come from bwd/bwd_layout.hpp.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "bwd/bwd_chunk_grads.cuh"
+#include "bwd/bwd_input_grads_bf16.cuh"
 #include "bwd/bwd_prep.cuh"
 #include "bwd/bwd_state_scans.cuh"
 #include "common/kernel_mutants.hpp"
@@ -55,9 +57,15 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
     return e;
   if (p.max_chunks == 0) return cudaSuccess;
   what = "the backward input gradients";
-  if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E, kFast, kHD>, chunks, bwd_grads_smem(p.K),
-                                 bp, stream, kBwdChunkThreads))
-    return e;
+  if constexpr (kBwdBf16Record<E, kFast, kHD>) {
+    if (cudaError_t e = bwd_launch(bwd_input_grads_bf16_kernel<E>, chunks,
+                                   bwd_input_grads_bf16_smem(), bp, stream, kBwdChunkThreads))
+      return e;
+  } else {
+    if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E, kFast, kHD>, chunks,
+                                   bwd_grads_smem(p.K), bp, stream, kBwdChunkThreads))
+      return e;
+  }
   if (bp.group > 1) {
     what = "the backward key-head sums";
     const dim3 heads(unsigned(p.max_chunks), unsigned(p.H), unsigned(p.N));

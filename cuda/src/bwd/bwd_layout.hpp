@@ -14,6 +14,8 @@
 //   s, ds  [K][V]  the chunk's incoming state S; Y = Q^^T diag(e^G) dY (the prep), then the
 //                  gradient of the chunk's outgoing state
 //   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards)
+// Where the bf16 input-gradient kernel runs (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1
+// also go to the record as bf16, for that kernel alone (BwdRecord::b_*, below).
 #pragma once
 
 #include <cstdint>
@@ -62,9 +64,10 @@ enum BwdScalar : int {
   kBwdScalarRows = 16
 };
 
-/// Float offsets of one backward record.
+/// Float offsets of one backward record, and (b_*) the bf16 element offsets of its bf16 tiles.
 struct BwdRecord {
   int64_t kh, qh, vh, w, u, du, ainv, sc, s, ds, dq, dk, floats;
+  int64_t b_s, b_u, b_ds, b_du, b_ainv;
   constexpr BwdRecord(int64_t K, int64_t V)
       : kh(0),
         qh(kh + kChunk * K),
@@ -78,8 +81,23 @@ struct BwdRecord {
         ds(s + K * V),
         dq(ds + K * V),
         dk(dq + kChunk * K),
-        floats(dk + kChunk * K) {}
+        floats(dk + kChunk * K),
+        b_s(2 * s),
+        b_u(b_s + K * V),
+        b_ds(2 * dq),
+        b_du(2 * dk),
+        b_ainv(b_du + kChunk * V) {}
 };
+/// Where the bf16 input-gradient kernel runs (bwd_runs_bf16_input_grads), the record holds S, U,
+/// dS, dU and A^-1 as bf16 (rounded to nearest; row pitch K, V or C elements) for it alone, in
+/// slots no other block reads meanwhile: S and U in the s slot; dS in the dq slot; dU and A^-1 in
+/// the dk slot (dq and dk are written only at that kernel's end, after its own reads). Not in place
+/// of the fp32 values they come from: the scans' slices (blocks of other columns) still read U0, X
+/// and Y there. Whether the tiles fit their slots:
+constexpr bool bwd_bf16_record_fits(int64_t K, int64_t V) {
+  return K * V + kChunk * V <= 2 * K * V && K * V <= 2 * kChunk * K &&
+         kChunk * V + kChunk * kChunk <= 2 * kChunk * K;
+}
 
 /// Shared-memory row pitch (floats) of a matrix `width` wide: rows 16-byte aligned, offset by 4
 /// banks from row to row.
@@ -111,6 +129,22 @@ constexpr int64_t bwd_grads_smem(int K) {
   const int64_t panels = 2 * int64_t(K) * bwd_pitch(kBwdPanel) + 4 * kChunk * bwd_pitch(kBwdPanel);
   const int64_t tiles = 2 * kChunk * bwd_pitch(K);
   return 4 * (acc + mats + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdCarryParts);
+}
+
+/// Whether the input gradients run bwd/bwd_input_grads_bf16.cuh (bf16 operands) instead of
+/// bwd/bwd_chunk_grads.cuh: arithmetic FAST, bf16 storage, K = V = kBwdCompiledHeadDim. The prep
+/// and the scans then write the record's bf16 tiles (BwdRecord::b_*).
+constexpr bool bwd_runs_bf16_input_grads(bool fast, bool bf16, int K, int V) {
+  return fast && bf16 && K == kBwdCompiledHeadDim && V == kBwdCompiledHeadDim;
+}
+static_assert(bwd_bf16_record_fits(kBwdCompiledHeadDim, kBwdCompiledHeadDim));
+/// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: two regions of four [C][K + 8] and two
+/// [K][K + 8] bf16 tiles (reused for fp32 results), A^-1, K^, Q^ in bf16, Pa and Da in fp32, the
+/// scalars, the row terms' partial sums and the carried sum's parts (one a warp).
+constexpr int64_t bwd_input_grads_bf16_smem() {
+  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
+  return 2 * (4 * C * (K + 8) + 2 * K * (K + 8) + C * (C + 8) + 2 * C * (K + 8)) +
+         4 * (2 * C * bwd_pitch(C) + 7 * C + 3 * C * 4 + kBwdChunkThreads / 32);
 }
 
 }  // namespace kla::layout

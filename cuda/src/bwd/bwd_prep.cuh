@@ -144,7 +144,10 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
   bwd_scale_rows(Vs, PV, C, V, beta);        // beta_i v^_i
   bwd_scale_rows(Ys, PV, C, V, sc + 8 * C);  // e^G_i dO_i
   __syncthreads();
-  bwd_store_rows(rec + R.ainv, C, Xs, PC, C, C);
+  if constexpr (kBwdBf16Record<E, kFast, kHD>)  // read only by the bf16 input-gradient kernel
+    bwd_store_rows_bf16(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_ainv, C, Xs, PC, C, C);
+  else
+    bwd_store_rows(rec + R.ainv, C, Xs, PC, C, C);
   // Y = Q^^T diag(e^G) dY (the state-gradient scan's read-out term), into the ds slot.
   block_gemm<kFast, true, false, false>(K, V, C, Qs, PK, Ys, PV, rec + R.ds, V, 1.f);
   block_gemm<kFast, false, false, false>(C, K, C, Xs, PC, Ks, PK, rec + R.w, K, 1.f);

@@ -14,7 +14,9 @@
 // with X = M^T dY and Y = Q^^T diag(e^G) dY from the prep. The second is the first's adjoint
 // (eq. (chunk_state) transposed; _backward.py's loop over the chunks), Gamma_Cj = e^{G_{C-1} -
 // G_j}. Precision: the products of bwd/block_gemm.cuh (fixed summation order; fp32 grade under
-// ACCURATE, one TF32 part an operand under FAST).
+// ACCURATE, one TF32 part an operand under FAST). S, U, dS and dU go to the record in fp32, or in
+// bf16 (rounded to nearest) where the bf16 input-gradient kernel reads them (kBwdBf16Record;
+// BwdRecord::b_*); the scans themselves keep their state in fp32.
 #pragma once
 
 #include "bwd/block_gemm.cuh"
@@ -70,7 +72,10 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
       cp_wait<0>();
     }
     __syncthreads();
-    bwd_store_rows(rec + R.s + c0, V, Ss, PS, K, VS);
+    if constexpr (kBwdBf16Record<E, kFast, kHD>)
+      bwd_store_rows_bf16(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_s + c0, V, Ss, PS, K, VS);
+    else
+      bwd_store_rows(rec + R.s + c0, V, Ss, PS, K, VS);
     block_gemm<kFast, false, false, true>(C, VS, K, Ws, PK, Ss, PS, Us, PS, -1.f);  // U = U0 - W S
     __syncthreads();
     const float gC = expf(Gs[C - 1]);
@@ -78,7 +83,10 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
       const int i = idx / (VS / 4), cc = (idx % (VS / 4)) * 4;
       const float gci = expf(Gs[C - 1] - Gs[i]);
       float4 u = *reinterpret_cast<float4*>(Us + i * PS + cc);
-      *reinterpret_cast<float4*>(rec + R.u + int64_t(i) * V + c0 + cc) = u;
+      if constexpr (kBwdBf16Record<E, kFast, kHD>)
+        store_bf16x4(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_u + int64_t(i) * V + c0 + cc, u);
+      else
+        *reinterpret_cast<float4*>(rec + R.u + int64_t(i) * V + c0 + cc) = u;
       u.x *= gci, u.y *= gci, u.z *= gci, u.w *= gci;
       *reinterpret_cast<float4*>(Us + i * PS + cc) = u;
     }
@@ -146,7 +154,10 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
       cp_wait<0>();
     }
     __syncthreads();
-    bwd_store_rows(rec + R.ds + c0, V, dS, PS, K, VS);  // (Y is in shared memory already)
+    if constexpr (kBwdBf16Record<E, kFast, kHD>)  // (Y is in shared memory already)
+      bwd_store_rows_bf16(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_ds + c0, V, dS, PS, K, VS);
+    else
+      bwd_store_rows(rec + R.ds + c0, V, dS, PS, K, VS);
     block_gemm<kFast, false, false, false>(C, VS, K, Khs, PK, dS, PS, dU, PS, 1.f);  // K^ dS
     __syncthreads();
     const float gC = expf(Gs[C - 1]);
@@ -158,7 +169,10 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
       const float4 x = make_float4(fmaf(gci, du.x, xs.x), fmaf(gci, du.y, xs.y),
                                    fmaf(gci, du.z, xs.z), fmaf(gci, du.w, xs.w));
       *reinterpret_cast<float4*>(dU + i * PS + cc) = x;
-      *reinterpret_cast<float4*>(rec + R.du + int64_t(i) * V + c0 + cc) = x;
+      if constexpr (kBwdBf16Record<E, kFast, kHD>)
+        store_bf16x4(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_du + int64_t(i) * V + c0 + cc, x);
+      else
+        *reinterpret_cast<float4*>(rec + R.du + int64_t(i) * V + c0 + cc) = x;
     }
     const float gCd = KLA_MUTANT(bwd_carry_no_gamma) ? 1.f : gC;
     for (int idx = tid; idx < K * (VS / 4); idx += kBwdThreads) {  // gamma_C dS + Y

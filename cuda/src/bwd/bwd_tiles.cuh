@@ -9,8 +9,15 @@
 #include "bwd/bwd_layout.hpp"
 #include "bwd/bwd_params.hpp"
 #include "common/kernel_common.cuh"
+#include "common/kernel_mutants.hpp"
 
 namespace kla::kernels {
+
+/// Whether the kernels of dtype E, arithmetic kFast and head dims kHD keep S, dS, U, dU and A^-1 in
+/// the record as bf16 (bwd_runs_bf16_input_grads; bwd/bwd_layout.hpp).
+template <class E, bool kFast, int kHD>
+constexpr bool kBwdBf16Record = bwd_runs_bf16_input_grads(kFast, std::is_same_v<E, __nv_bfloat16>,
+                                                          kHD, kHD);
 
 /// The record of chunk c of sequence n (token range sr) for value head hv.
 __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const SeqRange& sr, int c,
@@ -87,6 +94,29 @@ __device__ __forceinline__ void bwd_store_rows(float* dst, int64_t dp, const flo
   for (GridWalk at(W / 4, threadIdx.x, blockDim.x); at.i < rows; at.next())
     *reinterpret_cast<float4*>(dst + at.i * dp + 4 * at.c) =
         *reinterpret_cast<const float4*>(src + at.i * sp + 4 * at.c);
+}
+
+/// Four fp32 values rounded to bf16 (nearest) at dst (8-byte aligned): one 8-byte store. The kernel
+/// mutant bwd_bf16_truncated truncates them instead (twice the error, and biased).
+__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 x) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+  uint2 u;
+  u.x = *reinterpret_cast<const uint32_t*>(&lo);
+  u.y = *reinterpret_cast<const uint32_t*>(&hi);
+  if (KLA_MUTANT(bwd_bf16_truncated)) {
+    u.x = (__float_as_uint(x.x) >> 16) | (__float_as_uint(x.y) & 0xffff0000u);
+    u.y = (__float_as_uint(x.z) >> 16) | (__float_as_uint(x.w) & 0xffff0000u);
+  }
+  *reinterpret_cast<uint2*>(dst) = u;
+}
+
+/// bwd_store_rows with the values rounded to bf16 (nearest): the record's bf16 tiles
+/// (bwd_runs_bf16_input_grads).
+__device__ __forceinline__ void bwd_store_rows_bf16(__nv_bfloat16* dst, int64_t dp,
+                                                    const float* src, int sp, int rows, int W) {
+  for (GridWalk at(W / 4, threadIdx.x, blockDim.x); at.i < rows; at.next())
+    store_bf16x4(dst + at.i * dp + 4 * at.c,
+                 *reinterpret_cast<const float4*>(src + at.i * sp + 4 * at.c));
 }
 
 /// x[i][.] *= f[i] for rows [0, rows) of a [rows][W] shared matrix of pitch `pitch` (W and pitch

@@ -20,6 +20,7 @@ enum class KernelMutant : int {
   wy_column_scale_missed,     // scan/wy_scan.cuh: fp16 X's column scale not undone in the state
   bwd_fast_in_accurate,       // bwd/bwd_launch.cuh: the backward's FAST products for every call
   bwd_fast_bf16_operands,     // bwd/block_gemm.cuh: FAST's operands rounded to bf16, not TF32
+  bwd_bf16_truncated,         // bwd/bwd_tiles.cuh: the bf16 input gradients' tiles truncated
   count
 };
 
@@ -34,7 +35,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "fast_in_accurate",
                                                      "wy_column_scale_missed",
                                                      "bwd_fast_in_accurate",
-                                                     "bwd_fast_bf16_operands"};
+                                                     "bwd_fast_bf16_operands",
+                                                     "bwd_bf16_truncated"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 

@@ -1,0 +1,339 @@
+// Backward, pass 4 under arithmetic FAST for bf16 storage at K = V = 128
+// (bwd_runs_bf16_input_grads): bwd_input_grads_bf16_kernel, one block per (chunk, value head,
+// sequence), the same gradients as bwd/bwd_chunk_grads.cuh (its file comment has the math) with
+// every product of this pass on bf16 operands:
+//   dR = A^-T dU;  dY S^T, U dS^T, dR S^T (C x K);  dY U^T, dR U^T (C x C);  Q^K^^T, K^K^^T;
+//   dq^ = e^G o (dY S^T) + Pm K^,  dk^ = Gamma_C o (U dS^T) - e^G beta o (dR S^T) + Pm^T Q^ +
+//   Z K^ + Z^T K^.
+// Each warp keeps one 16 x 32 tile of each [C][K] product in registers for the whole pass (the
+// sums over V and over C never leave the tensor cores' accumulators), its operands read from
+// bf16 tiles in shared memory by ldmatrix (mma.sync m16n8k16, arch/mma_bf16.cuh). S, U, dS, dU
+// and A^-1 come from the record already in bf16 (the prep and the scans round them as they write
+// them, BwdRecord::b_*: half the bytes, copied without passing through registers), K^ and Q^ are
+// rounded on the way in, dO is raw bf16.
+//
+// Precision (the FAST contract, kla.h): each operand rounded once to bf16 (nearest, below 2^-8
+// relative), products exact, fp32 sums in a fixed order (by k-step of 16, then the tensor core's
+// order inside one); sum(dS o S) (the carried state's share of dg) over the same bf16 values in a
+// fixed order; the row terms (q^ . (S dy)-like dots), the [C][C] sums of dG and dbeta and the
+// prologue backwards in fp32 from fp32 values, as bwd/bwd_chunk_grads.cuh. The state-gradient path
+// (the prep's X and Y, the dS scan) keeps one TF32 part an operand: rounding it to bf16 too makes
+// d(initial state) err 1.31-1.36x FLA's, while bf16 operands here keep every gradient at most
+// 0.95x FLA's error (docs/prefill_notes.md, round 2 session 11).
+#pragma once
+
+#include <type_traits>
+
+#include <cuda_bf16.h>
+
+#include "arch/mma_bf16.cuh"
+#include "bwd/bwd_grads_parts.cuh"
+
+namespace kla::kernels {
+
+namespace bf16_grads {
+
+constexpr int C = kChunk, K = kBwdCompiledHeadDim, V = K;
+constexpr int PB = K + 8, PBC = C + 8;               // bf16 pitches: rows 16 bytes apart mod 128
+constexpr int PK = bwd_pitch(K), PC = bwd_pitch(C);  // fp32 pitches
+using bf16 = __nv_bfloat16;
+
+/// Adds op(A)[i0 .. i0 + 16, 0 .. KD) op(B)[0 .. KD, n0 .. n0 + 32) to the warp's 16 x 32 tile d
+/// (d[j]: columns n0 + 8 j .. + 8, the mma C layout): bf16 tiles in shared memory,
+///   op(A)(i, k) = TA ? A[k][i] : A[i][k],   op(B)(k, n) = TB ? B[n][k] : B[k][n],
+/// k-steps of 16 in order. Pitches (elements) make every ldmatrix row 16 bytes apart mod 128.
+template <bool TA, bool TB>
+__device__ __forceinline__ void warp_tile_mma(float (&d)[4][4], const bf16* A, int lda, int i0,
+                                              const bf16* B, int ldb, int n0, int KD) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll 4
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    uint32_t a[4];
+    if constexpr (TA)
+      ldsm4_t(a, A + (k0 + (lane >> 4) * 8 + (lane & 7)) * lda + i0 + ((lane >> 3) & 1) * 8);
+    else
+      ldsm4(a, A + (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {  // n-tiles 2p, 2p + 1
+      const int nb = n0 + 16 * p;
+      uint32_t b[4];
+      if constexpr (TB)
+        ldsm4(b, B + (nb + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8);
+      else
+        ldsm4_t(b, B + frag_b_kn(ldb, k0, nb, lane));
+      mma_bf16(d[2 * p], a, b[0], b[1]);
+      mma_bf16(d[2 * p + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/// The warp's tile d (rows i0 + g, i0 + g + 8; columns n0 + 8 j + 2 t, + 1) to fp32 at dst
+/// (pitch ld; shared or global memory), eight bytes a pair.
+__device__ __forceinline__ void store_tile_f32(float* dst, int ld, int i0, int n0,
+                                               const float (&d)[4][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(dst + int64_t(i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
+          make_float2(d[j][2 * h], d[j][2 * h + 1]);
+}
+
+/// The same rounded to bf16 (nearest), four bytes a pair.
+__device__ __forceinline__ void store_tile_bf16(bf16* dst, int ld, int i0, int n0,
+                                                const float (&d)[4][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<__nv_bfloat162*>(dst + (i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
+          __floats2bfloat162_rn(d[j][2 * h], d[j][2 * h + 1]);
+}
+
+/// A [rows][W] bf16 tile of the record (row pitch W) to shared memory of pitch dp by cp.async (16
+/// bytes a copy); the caller commits and waits.
+template <int W>
+__device__ __forceinline__ void cp_tile_bf16(bf16* dst, int dp, const bf16* src, int rows) {
+  constexpr int W8 = W / 8;
+  for (int idx = threadIdx.x; idx < rows * W8; idx += blockDim.x)
+    cp16(dst + (idx / W8) * dp + (idx % W8) * 8, src + 8 * idx, true);
+}
+
+/// A [rows][W] fp32 block of the record (row pitch W) to bf16 shared memory of pitch dp, rounded
+/// to nearest: eight 16-byte loads in flight a thread before any is stored.
+template <int W>
+__device__ __forceinline__ void load_bf16(bf16* dst, int dp, const float* src, int rows) {
+  constexpr int W4 = W / 4;
+  const int n = rows * W4, step = int(blockDim.x);
+  for (int i0 = threadIdx.x; i0 < n; i0 += 8 * step) {
+    float4 x[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (i0 + u * step < n) x[u] = *reinterpret_cast<const float4*>(src + 4 * (i0 + u * step));
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int idx = i0 + u * step;
+      if (idx < n) store_bf16x4(dst + (idx / W4) * dp + (idx % W4) * 4, x[u]);
+    }
+  }
+}
+
+}  // namespace bf16_grads
+
+template <class E>
+__global__ void __launch_bounds__(kBwdChunkThreads, 1)
+    bwd_input_grads_bf16_kernel(const BwdParams bp) {
+  using namespace bf16_grads;
+  static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
+  __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
+  const KernelParams& p = bp.f;
+  const PrepTile pt = prep_tile(p);
+  if (pt.L == 0) return;
+  const int L = pt.L, hv = pt.hv;
+  const BwdRecord R(K, V);
+  float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+
+  // Shared memory (bwd_input_grads_bf16_smem). Region 0: dY, U, dU, dR [C][PB] bf16, then Q^K^^T,
+  // K^K^^T [C][PC] fp32 and Pm, Z [C][PBC] bf16. Region 1: S, dS [K][PB] bf16, then dq^, dk^
+  // [C][PK] fp32. Then A^-1 [C][PBC], K^, Q^ [C][PB] bf16; Pa, Da [C][PC] fp32; the scalars.
+  extern __shared__ float4 smem4[];
+  char* const r0 = reinterpret_cast<char*>(smem4);
+  char* const r1 = r0 + 2 * 4 * C * PB;
+  bf16* const dYb = reinterpret_cast<bf16*>(r0);
+  bf16* const Ub = dYb + C * PB;
+  bf16* const dUb = Ub + C * PB;
+  bf16* const dRb = dUb + C * PB;
+  float* const QK = reinterpret_cast<float*>(r0);
+  float* const KKm = QK + C * PC;
+  bf16* const Pmb = reinterpret_cast<bf16*>(KKm + C * PC);
+  bf16* const Zb = Pmb + C * PBC;
+  bf16* const Sb = reinterpret_cast<bf16*>(r1);
+  bf16* const dSb = Sb + K * PB;
+  float* const dqh = reinterpret_cast<float*>(r1);
+  float* const dkh = dqh + C * PK;
+  bf16* const Aib = reinterpret_cast<bf16*>(r1 + 2 * 2 * K * PB);
+  bf16* const Khb = Aib + C * PBC;
+  bf16* const Qhb = Khb + C * PB;
+  float* const Pa = reinterpret_cast<float*>(Qhb + C * PB);  // dY U^T, then Pm
+  float* const Da = Pa + C * PC;                             // dR U^T, then dL o Gamma, then Z
+  float* const G = Da + C * PC;
+  float* const beta = G + C;
+  float* const dGs = beta + C;          // dG_i, then dg_i
+  float* const dbs = dGs + C;           // dbeta_i
+  float* const zs = dbs + C;            // z_i = Gamma_Ci k^_i . (dS u_i)
+  float* const eg = zs + C;             // e^G_i
+  float* const gc = eg + C;             // Gamma_Ci
+  float* const rowp = gc + C;           // [3][C][4] the row terms' parts, by column quarter
+  float* const red = rowp + 3 * C * 4;  // [16] parts of sum(dS o S), one a warp
+
+  // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
+  // cp.async; K^, Q^ rounded to bf16 from their fp32 rows meanwhile.
+  {
+    const E* dOb = static_cast<const E*>(bp.dO);
+    for (int idx = tid; idx < C * (V / 8); idx += kBwdChunkThreads) {
+      const int i = idx / (V / 8), c8 = (idx % (V / 8)) * 8;
+      const bool ok = i < L;
+      cp16(dYb + i * PB + c8,
+           dOb + pt.sr.b * bp.dos[0] + (pt.tb + (ok ? i : 0)) * bp.dos[1] +
+               int64_t(hv) * bp.dos[2] + c8,
+           ok);
+    }
+    const bf16* rb = reinterpret_cast<const bf16*>(rec);
+    cp_tile_bf16<C>(Aib, PBC, rb + R.b_ainv, C);
+    cp_tile_bf16<V>(dUb, PB, rb + R.b_du, C);
+    cp_tile_bf16<V>(Ub, PB, rb + R.b_u, C);
+    cp_tile_bf16<V>(Sb, PB, rb + R.b_s, K);
+    cp_tile_bf16<V>(dSb, PB, rb + R.b_ds, K);
+    cp_commit();
+  }
+  if (tid < C) {
+    G[tid] = rec[R.sc + kScG * C + tid];
+    beta[tid] = rec[R.sc + kScBeta * C + tid];
+    eg[tid] = expf(G[tid]);
+    gc[tid] = expf(rec[R.sc + kScG * C + C - 1] - G[tid]);
+  }
+  load_bf16<K>(Khb, PB, rec + R.kh, C);
+  load_bf16<K>(Qhb, PB, rec + R.qh, C);
+  cp_wait<0>();
+  __syncthreads();
+  {  // sum(dS o S) over the record's bf16 values: this thread's part, then one a warp (fixed order)
+    float carry = 0.f;
+    for (int idx = tid; idx < K * V / 2; idx += kBwdChunkThreads) {
+      const int at = (idx / (V / 2)) * PB + (idx % (V / 2)) * 2;
+      const float2 s2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Sb + at));
+      const float2 d2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dSb + at));
+      carry = fmaf(s2.y, d2.y, fmaf(s2.x, d2.x, carry));
+    }
+    carry = warp_sum(carry);
+    if (lane == 0) red[warp] = carry;
+  }
+
+  // The warp's tile of every [C][K] product: rows i0.., columns n0..; of the [C][C] ones, warps
+  // 0-7 own tile (pi0, pn0) of dY U^T and Q^K^^T, warps 8-15 the same tile of dR U^T and K^K^^T.
+  const int i0 = (warp >> 2) * 16, n0 = (warp & 3) * 32;
+  const int pi0 = ((warp & 7) >> 1) * 16, pn0 = (warp & 1) * 32;
+  const bool first_half = warp < 8;
+  float a1[4][4] = {}, a2[4][4] = {}, a3[4][4] = {};
+  {
+    float dr[4][4] = {};
+    warp_tile_mma<true, false>(dr, Aib, PBC, i0, dUb, PB, n0, C);  // dR = A^-T dU
+    store_tile_bf16(dRb, PB, i0, n0, dr);
+    store_tile_f32(rec + R.du, V, i0, n0, dr);  // for the per-token writes
+  }
+  warp_tile_mma<false, true>(a1, dYb, PB, i0, Sb, PB, n0, V);  // dY S^T
+  // Half the warps take dY U^T before dR is complete, the other half U dS^T: the two steps
+  // between the barriers hold the same number of k-steps for every warp.
+  if (first_half) {
+    float pa[4][4] = {};
+    warp_tile_mma<false, true>(pa, dYb, PB, pi0, Ub, PB, pn0, V);  // dY U^T
+    store_tile_f32(Pa, PC, pi0, pn0, pa);
+  } else {
+    warp_tile_mma<false, true>(a2, Ub, PB, i0, dSb, PB, n0, V);  // U dS^T
+  }
+  __syncthreads();                                             // dR is complete
+  warp_tile_mma<false, true>(a3, dRb, PB, i0, Sb, PB, n0, V);  // dR S^T
+  if (first_half) {
+    warp_tile_mma<false, true>(a2, Ub, PB, i0, dSb, PB, n0, V);  // U dS^T
+  } else {
+    float da[4][4] = {};
+    warp_tile_mma<false, true>(da, dRb, PB, pi0, Ub, PB, pn0, V);  // dR U^T
+    store_tile_f32(Da, PC, pi0, pn0, da);
+  }
+  // The row terms' parts over the warp's 32 columns, from fp32 k^, q^: e^G-free q^_i . (S dy_i),
+  // k^_i . (dS u_i), k^_i . (S dR_i); summed over the lane quad, then over the column quarters
+  // below (fixed orders).
+  {
+    float pq[2] = {0.f, 0.f}, pz[2] = {0.f, 0.f}, pc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* qrow = rec + R.qh + (i0 + g + 8 * h) * K;
+      const float* krow = rec + R.kh + (i0 + g + 8 * h) * K;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = n0 + 8 * j + 2 * t;
+        const float2 q2 = *reinterpret_cast<const float2*>(qrow + col);
+        const float2 k2 = *reinterpret_cast<const float2*>(krow + col);
+        pq[h] = fmaf(q2.y, a1[j][2 * h + 1], fmaf(q2.x, a1[j][2 * h], pq[h]));
+        pz[h] = fmaf(k2.y, a2[j][2 * h + 1], fmaf(k2.x, a2[j][2 * h], pz[h]));
+        pc[h] = fmaf(k2.y, a3[j][2 * h + 1], fmaf(k2.x, a3[j][2 * h], pc[h]));
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        pq[h] += __shfl_xor_sync(0xffffffffu, pq[h], off);
+        pz[h] += __shfl_xor_sync(0xffffffffu, pz[h], off);
+        pc[h] += __shfl_xor_sync(0xffffffffu, pc[h], off);
+      }
+      if (t == 0) {
+        const int row = i0 + g + 8 * h, q = warp & 3;
+        rowp[(0 * C + row) * 4 + q] = pq[h];
+        rowp[(1 * C + row) * 4 + q] = pz[h];
+        rowp[(2 * C + row) * 4 + q] = pc[h];
+      }
+    }
+  }
+  __syncthreads();  // Pa, Da, the row parts complete; region 0's bf16 tiles are free
+
+  bwd_gamma_masks(Pa, Da, PC, G);  // Pm, dL o Gamma (read below after the next barrier)
+  {
+    float x[4][4] = {};  // Q^K^^T (warps 0-7), K^K^^T (8-15)
+    warp_tile_mma<false, true>(x, first_half ? Qhb : Khb, PB, pi0, Khb, PB, pn0, K);
+    store_tile_f32(first_half ? QK : KKm, PC, pi0, pn0, x);
+  }
+  if (tid < C) {
+    const int i = tid;
+    const float* rq = rowp + i * 4;
+    const float a = ((rq[0] + rq[1]) + rq[2]) + rq[3];
+    const float zk = ((rq[4 * C] + rq[4 * C + 1]) + rq[4 * C + 2]) + rq[4 * C + 3];
+    const float c = ((rq[8 * C] + rq[8 * C + 1]) + rq[8 * C + 2]) + rq[8 * C + 3];
+    const float eG = eg[i], z = gc[i] * zk;
+    zs[i] = z;
+    dGs[i] = eG * a - z - eG * beta[i] * c;
+    dbs[i] = -eG * c;
+  }
+  __syncthreads();
+  bwd_system_gate_sums(Da, KKm, PC, beta, bwd_readout_gate_sum(Pa, QK, PC), dGs, dbs);
+  __syncthreads();  // the sums above read Pm and dL o Gamma
+  // Z = diag(beta) (dL o Gamma); Pm and Z rounded to bf16 as operands.
+  for (int idx = tid; idx < C * C / 2; idx += kBwdChunkThreads) {
+    const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
+    const float2 pm = *reinterpret_cast<const float2*>(Pa + i * PC + j);
+    const float2 dl = *reinterpret_cast<const float2*>(Da + i * PC + j);
+    const float2 z = make_float2(beta[i] * dl.x, beta[i] * dl.y);
+    *reinterpret_cast<float2*>(Da + i * PC + j) = z;
+    *reinterpret_cast<__nv_bfloat162*>(Pmb + i * PBC + j) = __floats2bfloat162_rn(pm.x, pm.y);
+    *reinterpret_cast<__nv_bfloat162*>(Zb + i * PBC + j) = __floats2bfloat162_rn(z.x, z.y);
+  }
+  __syncthreads();
+  bwd_carry_and_cumsum(red, kBwdChunkThreads / 32, zs, rec[R.sc + kScChunk * C], dGs);
+  // dq^ = e^G o (dY S^T) + Pm K^;  dk^ = Gamma_C o (U dS^T) - e^G beta o (dR S^T) + Pm^T Q^ +
+  // Z K^ + Z^T K^, on the warp's tiles.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = i0 + g + 8 * h;
+    const float eG = eg[row], a = gc[row], bb = eG * beta[row];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        a1[j][e] *= eG;
+        a2[j][e] = a * a2[j][e] - bb * a3[j][e];
+      }
+  }
+  warp_tile_mma<false, false>(a1, Pmb, PBC, i0, Khb, PB, n0, C);  // + Pm K^
+  warp_tile_mma<true, false>(a2, Pmb, PBC, i0, Qhb, PB, n0, C);   // + Pm^T Q^
+  warp_tile_mma<false, false>(a2, Zb, PBC, i0, Khb, PB, n0, C);   // + Z K^
+  warp_tile_mma<true, false>(a2, Zb, PBC, i0, Khb, PB, n0, C);    // + Z^T K^
+  store_tile_f32(dqh, PK, i0, n0, a1);
+  store_tile_f32(dkh, PK, i0, n0, a2);
+  __syncthreads();
+
+  bwd_token_grads<E>(bp, pt, rec, K, V, dqh, dkh, PK, rec + R.kh, K, beta, dGs, dbs);
+}
+
+}  // namespace kla::kernels
