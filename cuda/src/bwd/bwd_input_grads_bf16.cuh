@@ -67,29 +67,24 @@ __device__ __forceinline__ void warp_tile_mma(float (&d)[4][4], const bf16* A, i
   }
 }
 
-/// The warp's tile d (rows i0 + g, i0 + g + 8; columns n0 + 8 j + 2 t, + 1) to fp32 at dst
-/// (pitch ld; shared or global memory), eight bytes a pair.
-__device__ __forceinline__ void store_tile_f32(float* dst, int ld, int i0, int n0,
-                                               const float (&d)[4][4]) {
+/// The warp's tile d (rows i0 + g, i0 + g + 8; columns n0 + 8 j + 2 t, + 1) at dst (pitch ld), a
+/// pair at a time: fp32 (eight bytes; shared or global memory) or bf16 rounded to nearest (four
+/// bytes; shared memory).
+template <class T>
+__device__ __forceinline__ void store_tile(T* dst, int ld, int i0, int n0, const float (&d)[4][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<float2*>(dst + int64_t(i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
-          make_float2(d[j][2 * h], d[j][2 * h + 1]);
-}
-
-/// The same rounded to bf16 (nearest), four bytes a pair.
-__device__ __forceinline__ void store_tile_bf16(bf16* dst, int ld, int i0, int n0,
-                                                const float (&d)[4][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<__nv_bfloat162*>(dst + (i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
-          __floats2bfloat162_rn(d[j][2 * h], d[j][2 * h + 1]);
+    for (int h = 0; h < 2; ++h) {
+      const float x = d[j][2 * h], y = d[j][2 * h + 1];
+      if constexpr (std::is_same_v<T, float>)
+        *reinterpret_cast<float2*>(dst + int64_t(i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
+            make_float2(x, y);
+      else
+        *reinterpret_cast<__nv_bfloat162*>(dst + (i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
+            __floats2bfloat162_rn(x, y);
+    }
 }
 
 /// A [rows][W] bf16 tile of the record (row pitch W) to shared memory of pitch dp by cp.async (16
@@ -220,8 +215,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   {
     float dr[4][4] = {};
     warp_tile_mma<true, false>(dr, Aib, PBC, i0, dUb, PB, n0, C);  // dR = A^-T dU
-    store_tile_bf16(dRb, PB, i0, n0, dr);
-    store_tile_f32(rec + R.du, V, i0, n0, dr);  // for the per-token writes
+    store_tile(dRb, PB, i0, n0, dr);
+    store_tile(rec + R.du, V, i0, n0, dr);  // for the per-token writes
   }
   warp_tile_mma<false, true>(a1, dYb, PB, i0, Sb, PB, n0, V);  // dY S^T
   // Half the warps take dY U^T before dR is complete, the other half U dS^T: the two steps
@@ -229,7 +224,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   if (first_half) {
     float pa[4][4] = {};
     warp_tile_mma<false, true>(pa, dYb, PB, pi0, Ub, PB, pn0, V);  // dY U^T
-    store_tile_f32(Pa, PC, pi0, pn0, pa);
+    store_tile(Pa, PC, pi0, pn0, pa);
   } else {
     warp_tile_mma<false, true>(a2, Ub, PB, i0, dSb, PB, n0, V);  // U dS^T
   }
@@ -240,7 +235,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   } else {
     float da[4][4] = {};
     warp_tile_mma<false, true>(da, dRb, PB, pi0, Ub, PB, pn0, V);  // dR U^T
-    store_tile_f32(Da, PC, pi0, pn0, da);
+    store_tile(Da, PC, pi0, pn0, da);
   }
   // The row terms' parts over the warp's 32 columns, from fp32 k^, q^: e^G-free q^_i . (S dy_i),
   // k^_i . (dS u_i), k^_i . (S dR_i); summed over the lane quad, then over the column quarters
@@ -283,7 +278,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   {
     float x[4][4] = {};  // Q^K^^T (warps 0-7), K^K^^T (8-15)
     warp_tile_mma<false, true>(x, first_half ? Qhb : Khb, PB, pi0, Khb, PB, pn0, K);
-    store_tile_f32(first_half ? QK : KKm, PC, pi0, pn0, x);
+    store_tile(first_half ? QK : KKm, PC, pi0, pn0, x);
   }
   if (tid < C) {
     const int i = tid;
@@ -329,8 +324,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   warp_tile_mma<true, false>(a2, Pmb, PBC, i0, Qhb, PB, n0, C);   // + Pm^T Q^
   warp_tile_mma<false, false>(a2, Zb, PBC, i0, Khb, PB, n0, C);   // + Z K^
   warp_tile_mma<true, false>(a2, Zb, PBC, i0, Khb, PB, n0, C);    // + Z^T K^
-  store_tile_f32(dqh, PK, i0, n0, a1);
-  store_tile_f32(dkh, PK, i0, n0, a2);
+  store_tile(dqh, PK, i0, n0, a1);
+  store_tile(dkh, PK, i0, n0, a2);
   __syncthreads();
 
   bwd_token_grads<E>(bp, pt, rec, K, V, dqh, dkh, PK, rec + R.kh, K, beta, dGs, dbs);
