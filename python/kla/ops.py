@@ -202,7 +202,8 @@ def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, 
     """kla_chunk_backward on the current stream: the gradients, allocated here (dq, dk like q,
     dv like v, dg / deta / dh0 fp32, empty where the input is None), with a workspace from the
     caching allocator sized by kla_backward_workspace_size; `arithmetic` is the forward's (FAST:
-    the backward's products on one TF32 part, kla.h)."""
+    the backward's products on one TF32 part, its input gradients on bf16 operands for bf16 at
+    K = V = 128, kla.h)."""
     lib = _lib.load()
     dev = q.device
     cu_host = cu_dev = None

@@ -79,8 +79,9 @@
 // chunk 1.40 u_tf for dq, dk, dv, 1.08 u_tf for dg, deta, 0.48 u_tf for dh0. No decay term: the
 // strong-decay case errs less than the mild ones (at most 1.08 and 0.91 u_tf): the truncated
 // operands, not the decay factors, make FAST's error. The kernel mutant bwd_fast_bf16_operands
-// (operands rounded to bf16, below 2^-8: the peers' grade) measured up to 3.0, 2.6 and 1.5 u_tf:
-// it failed 37 and 38 of the 96 comparisons of two runs.
+// (operands rounded to bf16, below 2^-8: the peers' grade) measured up to 3.0, 2.6 and 1.5 u_tf
+// at fbd928e, when every FAST product was TF32: it failed 37 and 38 of the 96 comparisons of two
+// runs.
 //
 // FAST for bf16 at K = V = 128 (the cases dense_k128_*): the input gradients run on bf16 operands
 // (bwd/bwd_input_grads_bf16.cuh: each operand rounded to nearest, below u_bf = 2^-8 relative), so

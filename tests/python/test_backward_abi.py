@@ -66,7 +66,7 @@ def test_bad_input_is_refused_by_name(lib, change, status, match):
 
 @pytest.mark.parametrize("dtype", [P.DTYPE_FP32, P.DTYPE_BF16, P.DTYPE_FP16])
 def test_fast_arithmetic_is_valid_in_every_dtype(lib, dtype):
-    """The backward has a FAST arithmetic for every dtype (one TF32 part an operand, kla.h): a
+    """The backward has a FAST arithmetic for every dtype (kla.h): a
     FAST call validates where an ACCURATE one does."""
     bp, t, _ = _backward_params(lib)
     bp.forward.dtype = dtype

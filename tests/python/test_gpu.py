@@ -546,7 +546,8 @@ def test_fast_contract_against_fla(dtype, gdn):
 
 
 def test_fast_backward_against_fla(monkeypatch):
-    """The backward of an arithmetic='fast' call (products on one TF32 part, kla.h): each gradient
+    """The backward of an arithmetic='fast' call (here bf16 at K = V = 128: the input gradients on
+    bf16 operands, the state-gradient path on one TF32 part, kla.h): each gradient
     no further from float64's than FLA's backward on the same inputs (GDN with the qk l2-norm in
     the kernel, bf16, packed sequences, an initial state and d(final state)), finite, and not the
     ACCURATE backward's (the FAST kernels ran). FLA's backward refuses to run on Hopper with
