@@ -49,6 +49,16 @@ def log(msg):
     print(f"[bench_backward {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def save_json(path, result):
+    """Writes result to path whole or not at all (a temporary file, then a rename): the script
+    saves after every row, so a run stopped by a time limit leaves the rows it finished, marked
+    "complete": false."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)
+
+
 def load_fla(bypass_guard):
     try:
         import fla.ops.common.chunk_o as chunk_o
@@ -197,7 +207,8 @@ def main():
     dev_name = torch.cuda.get_device_name()
     fla_gdr, fla_info = (None, None) if a.no_fla else load_fla(bypass_guard=True)
     result = {"device": dev_name, "torch": torch.__version__, "fla": fla_info, "speed": [],
-              "accuracy": []}
+              "accuracy": [], "complete": False}
+    json_path = os.path.join(a.out, "backward.json")
     log(f"{dev_name}, torch {torch.__version__}, FLA {fla_info}")
     H, HV, D = 16, 32, 128
     rows = [("1x32768", [32768]), ("8 seqs, 32768 total", random_lengths(32768, 8, 1)),
@@ -231,6 +242,7 @@ def main():
                 row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
                 log(f"{name}: FLA failed: {row['fla_error']}")
         result["speed"].append(row)
+        save_json(json_path, result)
         del leaves, do, dht
         torch.cuda.empty_cache()
 
@@ -256,9 +268,10 @@ def main():
                     row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
             log(f"accuracy {fam}: kla {row['kla']} fla {row.get('fla', row.get('fla_error'))}")
             result["accuracy"].append(row)
+            save_json(json_path, result)
 
-    with open(os.path.join(a.out, "backward.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    result["complete"] = True
+    save_json(json_path, result)
     lines = [f"Device: {dev_name}; torch {torch.__version__}; FLA {fla_info}.", ""]
     if fla_info and fla_info.get("guard_bypassed"):
         lines += [FLA_NOTE + ".", ""]

@@ -240,6 +240,59 @@ def render_recipe(w, res, note):
             w(f"- {label}, {k}: {str(v).splitlines()[0][:300]}")
 
 
+def render_backward(w, bwd, docs, note):
+    """The backward section from bench_backward.py's backward.json (bwd); docs: the docs folder
+    (its performance/backward.png is linked where it exists)."""
+    w("## Backward (`python3 bench/bench_backward.py`)")
+    w("")
+    w(f"{bwd.get('device', '?')}, torch {bwd.get('torch', '?')}, FLA "
+      f"{(bwd.get('fla') or {}).get('version', 'not run')}"
+      f"{'; ' + note if note else ''}. FlashQLA's backward case: "
+      "bf16, K = V = 128, H 16 / HV 32, packed sequences, initial state, l2-normalised q and "
+      "k in the kernel, g = logsigmoid(randn)/16, β = sigmoid(randn), upstream gradients of o "
+      "and of the final state; each library's `chunk_gated_delta_rule` through "
+      "torch.autograd. bwd = the backward alone (a retained graph replayed), fwd+bwd = both; "
+      "medians of CUDA-event timings after warm-up. Peak = memory torch allocated over one "
+      "fwd+bwd beyond what was allocated before. kla's forward saves only its inputs; its "
+      "backward recomputes each chunk's state into its workspace."
+      + (" The run stopped before its end (a time limit): these are the rows it finished."
+         if bwd.get("complete") is False else ""))
+    if (bwd.get("fla") or {}).get("guard_bypassed"):
+        w("")
+        w("FLA refuses its backward on Hopper with Triton 3.4 up to 3.7.0 (its issue 640: "
+          "wrong dq / dk / dg there); the script bypassed that guard, so FLA's rows are what "
+          "a user who forces it gets.")
+    w("")
+    if os.path.exists(os.path.join(docs, "performance", "backward.png")):
+        w("![backward beside FLA](performance/backward.png)")
+        w("")
+        w("Drawn by `bench/plot_backward.py` from backward.json (this run, solid) and "
+          "backward_earlier.json (the previous landed run, light) in docs/performance/.")
+        w("")
+    fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
+    if fast:
+        w("kla FAST: the same call with `arithmetic=\"fast\"` (here bf16 at K = V = 128: the "
+          "input gradients on bf16 operands, the state-gradient path on one TF32 part an "
+          "operand; docs/accuracy.md, 'Backward', has its errors beside FLA's).")
+        w("")
+    w("| case | kla bwd ms |" + (" kla FAST bwd ms |" if fast else "") + " FLA bwd ms | "
+      "kla fwd+bwd ms |" + (" kla FAST fwd+bwd ms |" if fast else "") + " FLA fwd+bwd ms | "
+      "FlashQLA bwd (published, H200) | goal | kla workspace GiB | kla peak GiB | "
+      "FLA peak GiB |")
+    w("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fast else ""))
+    for r in bwd.get("speed", []):
+        pub, goal = ISSUE25.get(r["case"], (None, None))
+        pub, goal = (f"{pub:.3f}", f"≤ {goal:g}") if pub else ("–", "–")
+        fb = f" {f(r.get('kla_fast_bwd_ms'), '.3f')} |" if fast else ""
+        ffb = f" {f(r.get('kla_fast_fwd_bwd_ms'), '.3f')} |" if fast else ""
+        w(f"| {r['case']} | {f(r.get('kla_bwd_ms'), '.3f')} |{fb} "
+          f"{f(r.get('fla_bwd_ms'), '.3f')} | {f(r.get('kla_fwd_bwd_ms'), '.3f')} |{ffb} "
+          f"{f(r.get('fla_fwd_bwd_ms'), '.3f')} | {pub} | {goal} | "
+          f"{f(r.get('kla_workspace_GiB'), '.2f')} | {f(r.get('kla_peak_GiB'), '.2f')} | "
+          f"{f(r.get('fla_peak_GiB'), '.2f')} |")
+    w("")
+
+
 def merge_cp(runs):
     """One cp.json from several bench_cp.py runs on one machine: the first run's header, every
     run's rows ordered by tokens then GPUs, and each run's arguments."""
@@ -504,52 +557,7 @@ def main():
     if bwd:
         shutil.copy(os.path.join(args.backward, "backward.json"),
                     os.path.join(args.docs, "performance", "backward.json"))
-        w("## Backward (`python3 bench/bench_backward.py`)")
-        w("")
-        w(f"{bwd.get('device', '?')}, torch {bwd.get('torch', '?')}, FLA "
-          f"{(bwd.get('fla') or {}).get('version', 'not run')}"
-          f"{'; ' + args.backward_note if args.backward_note else ''}. FlashQLA's backward case: "
-          "bf16, K = V = 128, H 16 / HV 32, packed sequences, initial state, l2-normalised q and "
-          "k in the kernel, g = logsigmoid(randn)/16, β = sigmoid(randn), upstream gradients of o "
-          "and of the final state; each library's `chunk_gated_delta_rule` through "
-          "torch.autograd. bwd = the backward alone (a retained graph replayed), fwd+bwd = both; "
-          "medians of CUDA-event timings after warm-up. Peak = memory torch allocated over one "
-          "fwd+bwd beyond what was allocated before. kla's forward saves only its inputs; its "
-          "backward recomputes each chunk's state into its workspace.")
-        if (bwd.get("fla") or {}).get("guard_bypassed"):
-            w("")
-            w("FLA refuses its backward on Hopper with Triton 3.4 up to 3.7.0 (its issue 640: "
-              "wrong dq / dk / dg there); the script bypassed that guard, so FLA's rows are what "
-              "a user who forces it gets.")
-        w("")
-        if os.path.exists(os.path.join(args.docs, "performance", "backward.png")):
-            w("![backward beside FLA](performance/backward.png)")
-            w("")
-            w("Drawn by `bench/plot_backward.py` from backward.json (this run, solid) and "
-              "backward_earlier.json (the previous landed run, light) in docs/performance/.")
-            w("")
-        fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
-        if fast:
-            w("kla FAST: the same call with `arithmetic=\"fast\"` (here bf16 at K = V = 128: the "
-              "input gradients on bf16 operands, the state-gradient path on one TF32 part an "
-              "operand; docs/accuracy.md, 'Backward', has its errors beside FLA's).")
-            w("")
-        w("| case | kla bwd ms |" + (" kla FAST bwd ms |" if fast else "") + " FLA bwd ms | "
-          "kla fwd+bwd ms |" + (" kla FAST fwd+bwd ms |" if fast else "") + " FLA fwd+bwd ms | "
-          "FlashQLA bwd (published, H200) | goal | kla workspace GiB | kla peak GiB | "
-          "FLA peak GiB |")
-        w("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fast else ""))
-        for r in bwd.get("speed", []):
-            pub, goal = ISSUE25.get(r["case"], (None, None))
-            pub, goal = (f"{pub:.3f}", f"≤ {goal:g}") if pub else ("–", "–")
-            fb = f" {f(r.get('kla_fast_bwd_ms'), '.3f')} |" if fast else ""
-            ffb = f" {f(r.get('kla_fast_fwd_bwd_ms'), '.3f')} |" if fast else ""
-            w(f"| {r['case']} | {f(r.get('kla_bwd_ms'), '.3f')} |{fb} "
-              f"{f(r.get('fla_bwd_ms'), '.3f')} | {f(r.get('kla_fwd_bwd_ms'), '.3f')} |{ffb} "
-              f"{f(r.get('fla_fwd_bwd_ms'), '.3f')} | {pub} | {goal} | "
-              f"{f(r.get('kla_workspace_GiB'), '.2f')} | {f(r.get('kla_peak_GiB'), '.2f')} | "
-              f"{f(r.get('fla_peak_GiB'), '.2f')} |")
-        w("")
+        render_backward(w, bwd, args.docs, args.backward_note)
     cp = merge_cp([load_json(os.path.join(d, "cp.json")) for d in args.cp]) if args.cp else None
     if cp:
         with open(os.path.join(args.docs, "performance", "cp.json"), "w") as fh:

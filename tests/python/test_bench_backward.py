@@ -1,0 +1,47 @@
+"""bench/bench_backward.py's saving on the CPU: the JSON it writes after every row is whole and
+replaces the previous one (no temporary file left), so a run a time limit stops keeps the rows it
+finished, marked incomplete; make_performance_md.py says so under the backward table. The
+benchmark itself needs a GPU (docs/performance.md, 'How to reproduce')."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+_BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_BENCH, name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_each_save_replaces_the_file_whole(tmp_path):
+    bb = _load("bench_backward")
+    path = str(tmp_path / "backward.json")
+    result = {"device": "test", "speed": [{"case": "1x8192", "kla_bwd_ms": 3.5}],
+              "accuracy": [], "complete": False}
+    bb.save_json(path, result)
+    assert json.load(open(path)) == result
+    result["speed"].append({"case": "1x32768", "kla_bwd_ms": 13.0})
+    result["complete"] = True
+    bb.save_json(path, result)
+    assert json.load(open(path)) == result
+    assert os.listdir(tmp_path) == ["backward.json"]
+
+
+@pytest.mark.parametrize("complete", [False, True])
+def test_the_table_says_when_the_run_stopped_early(tmp_path, complete):
+    md = _load("make_performance_md")
+    row = {"case": "1x8192", "lengths": [8192], "kla_bwd_ms": 5.0, "kla_fwd_bwd_ms": 6.0,
+           "kla_fast_bwd_ms": 3.8, "kla_fast_fwd_bwd_ms": 4.4, "kla_workspace_GiB": 1.6,
+           "kla_peak_GiB": 1.8}
+    bwd = {"device": "test", "torch": "x", "fla": None, "speed": [row], "accuracy": [],
+           "complete": complete}
+    out = []
+    md.render_backward(out.append, bwd, str(tmp_path), "")
+    text = "\n".join(out)
+    assert "| 1x8192 | 5.000 | 3.800 |" in text
+    assert ("The run stopped before its end" in text) == (not complete)
