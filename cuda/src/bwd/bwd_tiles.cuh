@@ -99,10 +99,8 @@ __device__ __forceinline__ void bwd_store_rows(float* dst, int64_t dp, const flo
 /// Four fp32 values rounded to bf16 (nearest) at dst (8-byte aligned): one 8-byte store. The kernel
 /// mutant bwd_bf16_truncated truncates them instead (twice the error, and biased).
 __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 x) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
-  uint2 u;
-  u.x = *reinterpret_cast<const uint32_t*>(&lo);
-  u.y = *reinterpret_cast<const uint32_t*>(&hi);
+  uint2 u =
+      make_uint2(Dtype<__nv_bfloat16>::pack2(x.x, x.y), Dtype<__nv_bfloat16>::pack2(x.z, x.w));
   if (KLA_MUTANT(bwd_bf16_truncated)) {
     u.x = (__float_as_uint(x.x) >> 16) | (__float_as_uint(x.y) & 0xffff0000u);
     u.y = (__float_as_uint(x.z) >> 16) | (__float_as_uint(x.w) & 0xffff0000u);
