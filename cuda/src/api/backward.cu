@@ -61,7 +61,7 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
   const bool bf16_grads = kla::layout::bwd_runs_bf16_input_grads(
       p->forward.arithmetic == KLA_ARITHMETIC_FAST, p->forward.dtype == KLA_DTYPE_BF16, K, V);
   const int64_t need = std::max(
-      {kla::layout::bwd_prep_smem(K, V),
+      {bf16_grads ? kla::layout::bwd_prep_bf16_smem() : kla::layout::bwd_prep_smem(K, V),
        kla::layout::bwd_scan_smem(K, kla::layout::bwd_scan_slice(V)),
        bf16_grads ? kla::layout::bwd_input_grads_bf16_smem() : kla::layout::bwd_grads_smem(K)});
   if (need > dev.max_smem)

@@ -80,7 +80,8 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
 
 /// The prologue backwards and the writes, one warp per token: from dq^ (dqh) and dk^ (dkh), [C]
 /// rows of pitch ph in shared memory, the keys k^ (kh, pitch pk: shared memory or the record),
-/// dR, v^ and the scalars in the record, beta, dg (dGs) and dG's share of dbeta (dbs):
+/// dR and the scalars in the record, the raw values (v^ = vscale v, as the prep scales them), beta,
+/// dg (dGs) and dG's share of dbeta (dbs):
 ///   dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out, else qs dq^;
 ///   dv = vscale beta dR, dbeta = dbs + v^ . dR;
 ///   dk1 = s (dk^ - k^ (k^ . dk^ + beta v^ . dR)) (Kaczmarz) or dk^, then the qk l2-norm's chain.
@@ -99,6 +100,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
   const int L = pt.L, hv = pt.hv, h = pt.h;
   const E* qb = static_cast<const E*>(p.q);
   const E* kb = static_cast<const E*>(p.k);
+  const E* vb = static_cast<const E*>(p.v);
   E* dvb = static_cast<E*>(bp.dv);
   const float* rs = rec + R.sc;
   const bool direct = bp.group == 1;
@@ -106,17 +108,19 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
     const int64_t t = pt.tb + i, b = pt.sr.b;
     const E* qrow = qb + b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2];
     const E* krow = kb + b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2];
+    const E* vrow = vb + b * p.vs[0] + t * p.vs[1] + int64_t(hv) * p.vs[2];
+    const float ks = rs[kScVscale * C + i];
     float q0[kRowSlots], k0[kRowSlots], vh[kRowSlots], dr[kRowSlots];
 #pragma unroll
     for (int m = 0; m < kRowSlots; ++m) {
       const int r = lane + 32 * m;
       q0[m] = p.l2norm != 0 && r < K ? tof(qrow[r]) : 0.f;
       k0[m] = p.l2norm == 2 && r < K ? tof(krow[r]) : 0.f;
-      vh[m] = r < V ? rec[R.vh + int64_t(i) * V + r] : 0.f;
+      vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;  // v^ = vscale v, as the prep computes it
       dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
     }
     const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
-    const float ks = rs[kScVscale * C + i], kn = rs[kScKnorm * C + i], bi = beta[i];
+    const float kn = rs[kScKnorm * C + i], bi = beta[i];
     // dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out (q^ = qn q), else qs dq^.
     float dot = 0.f;
 #pragma unroll

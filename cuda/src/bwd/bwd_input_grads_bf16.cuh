@@ -10,7 +10,7 @@
 // bf16 tiles in shared memory by ldmatrix (mma.sync m16n8k16, arch/mma_bf16.cuh). S, U, dS, dU
 // and A^-1 come from the record already in bf16 (the prep and the scans round them as they write
 // them, BwdRecord::b_*: half the bytes, copied without passing through registers), K^ and Q^ are
-// rounded on the way in, dO is raw bf16.
+// the raw keys and queries scaled (kscale, qscale) and rounded on the way in, dO is raw bf16.
 //
 // Precision (the FAST contract, kla.h): each operand rounded once to bf16 (nearest, below 2^-8
 // relative), products exact, fp32 sums in a fixed order (by k-step of 16, then the tensor core's
@@ -24,103 +24,15 @@
 
 #include <type_traits>
 
-#include <cuda_bf16.h>
-
-#include "arch/mma_bf16.cuh"
 #include "bwd/bwd_grads_parts.cuh"
+#include "bwd/bwd_warp_tile_bf16.cuh"
 
 namespace kla::kernels {
-
-namespace bf16_grads {
-
-constexpr int C = kChunk, K = kBwdCompiledHeadDim, V = K;
-constexpr int PB = K + 8, PBC = C + 8;               // bf16 pitches: rows 16 bytes apart mod 128
-constexpr int PK = bwd_pitch(K), PC = bwd_pitch(C);  // fp32 pitches
-using bf16 = __nv_bfloat16;
-
-/// Adds op(A)[i0 .. i0 + 16, 0 .. KD) op(B)[0 .. KD, n0 .. n0 + 32) to the warp's 16 x 32 tile d
-/// (d[j]: columns n0 + 8 j .. + 8, the mma C layout): bf16 tiles in shared memory,
-///   op(A)(i, k) = TA ? A[k][i] : A[i][k],   op(B)(k, n) = TB ? B[n][k] : B[k][n],
-/// k-steps of 16 in order. Pitches (elements) make every ldmatrix row 16 bytes apart mod 128.
-template <bool TA, bool TB>
-__device__ __forceinline__ void warp_tile_mma(float (&d)[4][4], const bf16* A, int lda, int i0,
-                                              const bf16* B, int ldb, int n0, int KD) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll 4
-  for (int k0 = 0; k0 < KD; k0 += 16) {
-    uint32_t a[4];
-    if constexpr (TA)
-      ldsm4_t(a, A + (k0 + (lane >> 4) * 8 + (lane & 7)) * lda + i0 + ((lane >> 3) & 1) * 8);
-    else
-      ldsm4(a, A + (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {  // n-tiles 2p, 2p + 1
-      const int nb = n0 + 16 * p;
-      uint32_t b[4];
-      if constexpr (TB)
-        ldsm4(b, B + (nb + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8);
-      else
-        ldsm4_t(b, B + frag_b_kn(ldb, k0, nb, lane));
-      mma_bf16(d[2 * p], a, b[0], b[1]);
-      mma_bf16(d[2 * p + 1], a, b[2], b[3]);
-    }
-  }
-}
-
-/// The warp's tile d (rows i0 + g, i0 + g + 8; columns n0 + 8 j + 2 t, + 1) at dst (pitch ld), a
-/// pair at a time: fp32 (eight bytes; shared or global memory) or bf16 rounded to nearest (four
-/// bytes; shared memory).
-template <class T>
-__device__ __forceinline__ void store_tile(T* dst, int ld, int i0, int n0, const float (&d)[4][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float x = d[j][2 * h], y = d[j][2 * h + 1];
-      if constexpr (std::is_same_v<T, float>)
-        *reinterpret_cast<float2*>(dst + int64_t(i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
-            make_float2(x, y);
-      else
-        *reinterpret_cast<__nv_bfloat162*>(dst + (i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
-            __floats2bfloat162_rn(x, y);
-    }
-}
-
-/// A [rows][W] bf16 tile of the record (row pitch W) to shared memory of pitch dp by cp.async (16
-/// bytes a copy); the caller commits and waits.
-template <int W>
-__device__ __forceinline__ void cp_tile_bf16(bf16* dst, int dp, const bf16* src, int rows) {
-  constexpr int W8 = W / 8;
-  for (int idx = threadIdx.x; idx < rows * W8; idx += blockDim.x)
-    cp16(dst + (idx / W8) * dp + (idx % W8) * 8, src + 8 * idx, true);
-}
-
-/// A [rows][W] fp32 block of the record (row pitch W) to bf16 shared memory of pitch dp, rounded
-/// to nearest: eight 16-byte loads in flight a thread before any is stored.
-template <int W>
-__device__ __forceinline__ void load_bf16(bf16* dst, int dp, const float* src, int rows) {
-  constexpr int W4 = W / 4;
-  const int n = rows * W4, step = int(blockDim.x);
-  for (int i0 = threadIdx.x; i0 < n; i0 += 8 * step) {
-    float4 x[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u)
-      if (i0 + u * step < n) x[u] = *reinterpret_cast<const float4*>(src + 4 * (i0 + u * step));
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int idx = i0 + u * step;
-      if (idx < n) store_bf16x4(dst + (idx / W4) * dp + (idx % W4) * 4, x[u]);
-    }
-  }
-}
-
-}  // namespace bf16_grads
 
 template <class E>
 __global__ void __launch_bounds__(kBwdChunkThreads, 1)
     bwd_input_grads_bf16_kernel(const BwdParams bp) {
-  using namespace bf16_grads;
+  using namespace bwd_bf16;
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
   __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
   const KernelParams& p = bp.f;
@@ -167,15 +79,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
   // cp.async; K^, Q^ rounded to bf16 from their fp32 rows meanwhile.
   {
-    const E* dOb = static_cast<const E*>(bp.dO);
-    for (int idx = tid; idx < C * (V / 8); idx += kBwdChunkThreads) {
-      const int i = idx / (V / 8), c8 = (idx % (V / 8)) * 8;
-      const bool ok = i < L;
-      cp16(dYb + i * PB + c8,
-           dOb + pt.sr.b * bp.dos[0] + (pt.tb + (ok ? i : 0)) * bp.dos[1] +
-               int64_t(hv) * bp.dos[2] + c8,
-           ok);
-    }
+    cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
     const bf16* rb = reinterpret_cast<const bf16*>(rec);
     cp_tile_bf16<C>(Aib, PBC, rb + R.b_ainv, C);
     cp_tile_bf16<V>(dUb, PB, rb + R.b_du, C);
@@ -190,8 +94,10 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
     eg[tid] = expf(G[tid]);
     gc[tid] = expf(rec[R.sc + kScG * C + C - 1] - G[tid]);
   }
-  load_bf16<K>(Khb, PB, rec + R.kh, C);
-  load_bf16<K>(Qhb, PB, rec + R.qh, C);
+  const E* kb = static_cast<const E*>(p.k);
+  const E* qb = static_cast<const E*>(p.q);
+  load_scaled_rows(Khb, PB, kb, p.ks, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScKscale * C);
+  load_scaled_rows(Qhb, PB, qb, p.qs, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScQscale * C);
   cp_wait<0>();
   __syncthreads();
   {  // sum(dS o S) over the record's bf16 values: this thread's part, then one a warp (fixed order)
@@ -244,13 +150,21 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
     float pq[2] = {0.f, 0.f}, pz[2] = {0.f, 0.f}, pc[2] = {0.f, 0.f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float* qrow = rec + R.qh + (i0 + g + 8 * h) * K;
-      const float* krow = rec + R.kh + (i0 + g + 8 * h) * K;
+      // q^ = qs q and k^ = ks k of the row from the raw inputs, as the prep scales them
+      const int row = i0 + g + 8 * h;
+      const bool ok = row < L;
+      const int64_t tok = pt.tb + (ok ? row : 0);
+      const E* qrow = qb + pt.sr.b * p.qs[0] + tok * p.qs[1] + int64_t(pt.h) * p.qs[2];
+      const E* krow = kb + pt.sr.b * p.ks[0] + tok * p.ks[1] + int64_t(pt.h) * p.ks[2];
+      const float qsr = ok ? rec[R.sc + kScQscale * C + row] : 0.f;
+      const float ksr = ok ? rec[R.sc + kScKscale * C + row] : 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int col = n0 + 8 * j + 2 * t;
-        const float2 q2 = *reinterpret_cast<const float2*>(qrow + col);
-        const float2 k2 = *reinterpret_cast<const float2*>(krow + col);
+        const float2 qr = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qrow + col));
+        const float2 kr = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(krow + col));
+        const float2 q2 = make_float2(qsr * qr.x, qsr * qr.y);
+        const float2 k2 = make_float2(ksr * kr.x, ksr * kr.y);
         pq[h] = fmaf(q2.y, a1[j][2 * h + 1], fmaf(q2.x, a1[j][2 * h], pq[h]));
         pz[h] = fmaf(k2.y, a2[j][2 * h + 1], fmaf(k2.x, a2[j][2 * h], pz[h]));
         pc[h] = fmaf(k2.y, a3[j][2 * h + 1], fmaf(k2.x, a3[j][2 * h], pc[h]));

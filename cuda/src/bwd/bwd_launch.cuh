@@ -1,8 +1,8 @@
 // Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, input
 // gradients, and (grouped value heads) the key heads' sums, on one stream, in the arithmetic the
 // call asked for (BwdParams::fast: the products of bwd/block_gemm.cuh; under FAST in bf16 at
-// K = V = 128 the input gradients on bf16 operands, bwd_runs_bf16_input_grads), by the kernels
-// compiled for the call's head dims (bwd_head_dim: K = V = kBwdCompiledHeadDim, or any).
+// K = V = 128 the prep and the input gradients on bf16 operands, bwd_runs_bf16_input_grads), by the
+// kernels compiled for the call's head dims (bwd_head_dim: K = V = kBwdCompiledHeadDim, or any).
 // Decides nothing else: the sizes and shared memory come from bwd/bwd_layout.hpp.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include "bwd/bwd_chunk_grads.cuh"
 #include "bwd/bwd_input_grads_bf16.cuh"
 #include "bwd/bwd_prep.cuh"
+#include "bwd/bwd_prep_bf16.cuh"
 #include "bwd/bwd_state_scans.cuh"
 #include "common/kernel_mutants.hpp"
 
@@ -47,9 +48,15 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
   const dim3 chunks(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N));
   if (p.max_chunks > 0) {
     what = "the backward prep";
-    if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast, kHD>, chunks, bwd_prep_smem(p.K, p.V),
-                                   bp, stream, kBwdChunkThreads))
-      return e;
+    if constexpr (kBwdBf16Record<E, kFast, kHD>) {
+      if (cudaError_t e = bwd_launch(bwd_prep_bf16_kernel<E>, chunks, bwd_prep_bf16_smem(), bp,
+                                     stream, kBwdChunkThreads))
+        return e;
+    } else {
+      if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast, kHD>, chunks,
+                                     bwd_prep_smem(p.K, p.V), bp, stream, kBwdChunkThreads))
+        return e;
+    }
   }
   if (cudaError_t e = bwd_scan_slice(p.V) == 32
                           ? launch_backward_scans<E, 32, kFast, kHD>(bp, stream, what)

@@ -3,8 +3,8 @@
 //
 // One record per (chunk slot, value head) (chunk slots as the forward's, chunk_geometry.hpp), all
 // fp32, row-major, C = 64 rows per chunk (rows past the sequence's end zero):
-//   kh, qh [C][K]  the chunk's keys k^ = kscale k and queries q^ = qscale q (read-out scale in)
-//   vh     [C][V]  values v^ = vscale v
+//   kh, qh [C][K]  the chunk's keys k^ = kscale k and queries q^ = qscale q (read-out scale in);
+//                  v^ = vscale v is not kept: its one reader (bwd_token_grads) scales the raw row
 //   w      [C][K]  W = A^-1 diag(beta e^G) K^            (A = I + L, the chunk system)
 //   u      [C][V]  U0 = A^-1 diag(beta) V^, then U = U0 - W S (the state scan)
 //   du     [C][V]  X = M^T dY (the prep), then dU = X + K_G dS_out (the state-gradient scan), then
@@ -14,8 +14,9 @@
 //   s, ds  [K][V]  the chunk's incoming state S; Y = Q^^T diag(e^G) dY (the prep), then the
 //                  gradient of the chunk's outgoing state
 //   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards)
-// Where the bf16 input-gradient kernel runs (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1
-// also go to the record as bf16, for that kernel alone (BwdRecord::b_*, below).
+// Where the bf16 kernels run (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1 also go to the
+// record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below), and qh is not
+// written (that kernel scales the raw queries itself).
 #pragma once
 
 #include <cstdint>
@@ -66,13 +67,12 @@ enum BwdScalar : int {
 
 /// Float offsets of one backward record, and (b_*) the bf16 element offsets of its bf16 tiles.
 struct BwdRecord {
-  int64_t kh, qh, vh, w, u, du, ainv, sc, s, ds, dq, dk, floats;
+  int64_t kh, qh, w, u, du, ainv, sc, s, ds, dq, dk, floats;
   int64_t b_s, b_u, b_ds, b_du, b_ainv;
   constexpr BwdRecord(int64_t K, int64_t V)
       : kh(0),
         qh(kh + kChunk * K),
-        vh(qh + kChunk * K),
-        w(vh + kChunk * V),
+        w(qh + kChunk * K),
         u(w + kChunk * K),
         du(u + kChunk * V),
         ainv(du + kChunk * V),
@@ -138,6 +138,16 @@ constexpr bool bwd_runs_bf16_input_grads(bool fast, bool bf16, int K, int V) {
   return fast && bf16 && K == kBwdCompiledHeadDim && V == kBwdCompiledHeadDim;
 }
 static_assert(bwd_bf16_record_fits(kBwdCompiledHeadDim, kBwdCompiledHeadDim));
+/// The bf16 prep's shared memory (bytes), K = V = kBwdCompiledHeadDim (bwd/bwd_prep_bf16.cuh): the
+/// raw K, Q, V, dO [C][K + 8] bf16; two [C][C + 4] fp32; a region of two [C][C + 8] and two
+/// [C][K + 8] bf16 split tiles (later four [C][C + 8]); the scalars; the inverse's scratch.
+constexpr int64_t bwd_prep_bf16_smem() {
+  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
+  return 2 * (4 * C * (K + 8) + 2 * C * (C + 8) + 2 * C * (K + 8)) +
+         4 * (2 * C * bwd_pitch(C) + 10 * C + kInvScratch);
+}
+static_assert(kChunk <= kBwdCompiledHeadDim,
+              "the bf16 prep's four [C][C + 8] split tiles fit the region of its first ones");
 /// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: two regions of four [C][K + 8] and two
 /// [K][K + 8] bf16 tiles (reused for fp32 results), A^-1, K^, Q^ in bf16, Pa and Da in fp32, the
 /// scalars, the row terms' partial sums and the carried sum's parts (one a warp).

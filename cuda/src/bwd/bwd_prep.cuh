@@ -16,19 +16,15 @@
 #pragma once
 
 #include "bwd/block_gemm.cuh"
-#include "bwd/bwd_tiles.cuh"
-#include "bwd/bwd_layout.hpp"
-#include "bwd/bwd_params.hpp"
-#include "arch/mma_tf32.cuh"
-#include "common/kernel_common.cuh"
+#include "bwd/bwd_prep_scalars.cuh"
 #include "prep/invert.cuh"
-#include "prep/token_scalars.cuh"
 
 namespace kla::kernels {
 
 template <class E, bool kFast, int kHD>
 __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdParams bp) {
   __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
+  static_assert(!kBwdBf16Record<E, kFast, kHD>, "that configuration runs bwd/bwd_prep_bf16.cuh");
   const KernelParams& p = bp.f;
   constexpr int C = kChunk;
   extern __shared__ float4 smem4[];
@@ -48,7 +44,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
   float* sc = Xs + C * PC;
   float* scratch = sc + 10 * C;  // kInvScratch floats (invert_unit_lower)
   float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
 
   bwd_load_rows(Ks, PK, static_cast<const E*>(p.k), p.ks, pt.sr.b, pt.tb, h, L, K);
   bwd_load_rows(Qs, PK, static_cast<const E*>(p.q), p.qs, pt.sr.b, pt.tb, h, L, K);
@@ -56,68 +52,16 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
   bwd_load_rows(Ys, PV, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L, V);
   token_scalars_preload(p, pt.sr, pt.tb, L, hv, sc + 5 * C, sc + 6 * C);  // eta, g
   __syncthreads();
-  // Per-token scalars, one warp per token (norms summed in a fixed order).
-  for (int i = warp; i < C; i += kBwdChunkThreads / 32) {
-    float n2 = 0.f, qn2 = 0.f;
-    for (int r = lane; r < K; r += 32) {
-      n2 = fmaf(Ks[i * PK + r], Ks[i * PK + r], n2);
-      qn2 = fmaf(Qs[i * PK + r], Qs[i * PK + r], qn2);
-    }
-    n2 = warp_sum(n2);
-    qn2 = warp_sum(qn2);
-    if (lane == 0) {
-      const bool ok = i < L;
-      const float eta = sc[5 * C + i];  // 0 past L (token_scalars_preload)
-      const TokenCoef tc = ok ? token_coef(n2, eta, p) : TokenCoef{0.f, 0.f, 0.f};
-      sc[0 * C + i] = tc.kscale;
-      sc[1 * C + i] = tc.vscale;
-      sc[2 * C + i] = p.l2norm == 2 ? 1.0f / sqrtf(n2 + kQkL2NormEps) : 1.0f;
-      sc[3 * C + i] = p.l2norm == 2   ? 1.0f / sqrtf(qn2 + kQkL2NormEps)
-                      : p.l2norm == 1 ? (qn2 > 0.f ? 1.0f / sqrtf(qn2) : 0.f)
-                                      : 1.0f;
-      sc[4 * C + i] = ok ? readout_scale(qn2, p) : 0.f;
-      sc[5 * C + i] = tc.beta;
-    }
-  }
-  __syncthreads();
-  if (warp == 0) {  // inclusive scan of the log decays (fixed shuffle order)
-    float* Gv = sc + 6 * C;
-    const float a0 = Gv[2 * lane], a1 = Gv[2 * lane + 1];
-    float s = a0 + a1;
-    for (int off = 1; off < 32; off <<= 1) {
-      const float o = __shfl_up_sync(0xffffffffu, s, off);
-      if (lane >= off) s += o;
-    }
-    const float excl = s - (a0 + a1);
-    __syncwarp();
-    Gv[2 * lane] = excl + a0;
-    Gv[2 * lane + 1] = excl + a0 + a1;
-  }
-  __syncthreads();
+  bwd_prep_scalars(p, Ks, Qs, PK, K, L, sc, rec + BwdRecord(K, V).sc);
   const float* G = sc + 6 * C;
   const float* beta = sc + 5 * C;
   bwd_scale_rows(Ks, PK, C, K, sc + 0 * C);  // k^ = kscale k
   bwd_scale_rows(Qs, PK, C, K, sc + 4 * C);  // q^ = qscale q
   bwd_scale_rows(Vs, PV, C, V, sc + 1 * C);  // v^ = vscale v
-  if (tid < C) {
-    const int i = tid;
-    float* rs = rec + BwdRecord(K, V).sc;
-    rs[kScKscale * C + i] = sc[0 * C + i];
-    rs[kScVscale * C + i] = sc[1 * C + i];
-    rs[kScKnorm * C + i] = sc[2 * C + i];
-    rs[kScQnorm * C + i] = sc[3 * C + i];
-    rs[kScQscale * C + i] = sc[4 * C + i];
-    rs[kScBeta * C + i] = beta[i];
-    rs[kScG * C + i] = G[i];
-    rs[kScChunk * C + i] = i == 0 ? expf(G[C - 1]) : 0.f;
-    sc[8 * C + i] = expf(G[i]);
-    sc[7 * C + i] = beta[i] * sc[8 * C + i];
-  }
   __syncthreads();
   const BwdRecord R(K, V);
   bwd_store_rows(rec + R.kh, K, Ks, PK, C, K);
   bwd_store_rows(rec + R.qh, K, Qs, PK, C, K);
-  bwd_store_rows(rec + R.vh, V, Vs, PV, C, V);
   block_gemm<kFast, false, true, false>(C, C, K, Ks, PK, Ks, PK, Ls, PC, 1.f);  // K^ K^^T
   block_gemm<kFast, false, true, false>(C, C, K, Qs, PK, Ks, PK, Xs, PC, 1.f);  // Q^ K^^T
   __syncthreads();
@@ -144,10 +88,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads) bwd_prep_kernel(const BwdPar
   bwd_scale_rows(Vs, PV, C, V, beta);        // beta_i v^_i
   bwd_scale_rows(Ys, PV, C, V, sc + 8 * C);  // e^G_i dO_i
   __syncthreads();
-  if constexpr (kBwdBf16Record<E, kFast, kHD>)  // read only by the bf16 input-gradient kernel
-    bwd_store_rows_bf16(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_ainv, C, Xs, PC, C, C);
-  else
-    bwd_store_rows(rec + R.ainv, C, Xs, PC, C, C);
+  bwd_store_rows(rec + R.ainv, C, Xs, PC, C, C);
   // Y = Q^^T diag(e^G) dY (the state-gradient scan's read-out term), into the ds slot.
   block_gemm<kFast, true, false, false>(K, V, C, Qs, PK, Ys, PV, rec + R.ds, V, 1.f);
   block_gemm<kFast, false, false, false>(C, K, C, Xs, PC, Ks, PK, rec + R.w, K, 1.f);

@@ -21,6 +21,7 @@ enum class KernelMutant : int {
   bwd_fast_in_accurate,       // bwd/bwd_launch.cuh: the backward's FAST products for every call
   bwd_fast_bf16_operands,     // bwd/block_gemm.cuh: FAST's operands rounded to bf16, not TF32
   bwd_bf16_truncated,         // bwd/bwd_tiles.cuh: the bf16 input gradients' tiles truncated
+  bwd_prep_split_hi_only,     // bwd/bwd_warp_tile_bf16.cuh: the bf16 prep's split operands, no lo
   count
 };
 
@@ -36,7 +37,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "wy_column_scale_missed",
                                                      "bwd_fast_in_accurate",
                                                      "bwd_fast_bf16_operands",
-                                                     "bwd_bf16_truncated"};
+                                                     "bwd_bf16_truncated",
+                                                     "bwd_prep_split_hi_only"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
