@@ -34,10 +34,10 @@ def _validate(lib, bp):
 def test_good_params_validate_and_the_workspace_is_the_documented_layout(lib):
     bp, t, size = _backward_params(lib)
     assert _validate(lib, bp) == ("KLA_SUCCESS", "")
-    # bwd_layout.hpp: per (chunk slot, value head) 5 [64][K] and 3 [64][V] tiles, one [64][64]
+    # bwd_layout.hpp: per (chunk slot, value head) 5 [64][K] and 2 [64][V] tiles, one [64][64]
     # (A^-1), 16 x 64 scalars and 2 [K][V] states; 2 chunks x 4 value heads.
     K = V = 64
-    rec = 64 * (5 * K + 3 * V) + 64 * 64 + 16 * 64 + 2 * K * V
+    rec = 64 * (5 * K + 2 * V) + 64 * 64 + 16 * 64 + 2 * K * V
     assert size == 2 * 4 * rec * 4
 
 

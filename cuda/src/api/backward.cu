@@ -63,7 +63,8 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
   const int64_t need = std::max(
       {bf16_grads ? kla::layout::bwd_prep_bf16_smem() : kla::layout::bwd_prep_smem(K, V),
        kla::layout::bwd_scan_smem(K, kla::layout::bwd_scan_slice(V)),
-       bf16_grads ? kla::layout::bwd_input_grads_bf16_smem() : kla::layout::bwd_grads_smem(K)});
+       bf16_grads ? kla::layout::bwd_input_grads_bf16_smem() : kla::layout::bwd_grads_smem(K),
+       bf16_grads ? kla::layout::bwd_state_forward_bf16_smem() : 0});
   if (need > dev.max_smem)
     return fail(KLA_ERROR_UNSUPPORTED_PATH,
                 cat("kla_chunk_backward: the backward needs ", need,

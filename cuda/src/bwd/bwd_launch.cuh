@@ -12,6 +12,7 @@
 #include "bwd/bwd_input_grads_bf16.cuh"
 #include "bwd/bwd_prep.cuh"
 #include "bwd/bwd_prep_bf16.cuh"
+#include "bwd/bwd_state_forward_bf16.cuh"
 #include "bwd/bwd_state_scans.cuh"
 #include "common/kernel_mutants.hpp"
 
@@ -34,9 +35,16 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   const int64_t smem = bwd_scan_smem(p.K, VS);
   if (p.max_chunks > 0) {
     what = "the backward state scan";
-    if (cudaError_t e =
-            bwd_launch(bwd_state_forward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream))
-      return e;
+    if constexpr (kBwdBf16Record<E, kFast, kHD>) {
+      static_assert(VS == 32, "the bf16 state scan's slice");
+      if (cudaError_t e = bwd_launch(bwd_state_forward_bf16_kernel<E>, scans,
+                                     bwd_state_forward_bf16_smem(), bp, stream))
+        return e;
+    } else {
+      if (cudaError_t e =
+              bwd_launch(bwd_state_forward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream))
+        return e;
+    }
   }
   what = "the backward state-gradient scan";
   return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
@@ -58,10 +66,16 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
         return e;
     }
   }
-  if (cudaError_t e = bwd_scan_slice(p.V) == 32
-                          ? launch_backward_scans<E, 32, kFast, kHD>(bp, stream, what)
-                          : launch_backward_scans<E, 16, kFast, kHD>(bp, stream, what))
-    return e;
+  // The scans' slice: compiled in with the head dims (kHD), else the call's.
+  if constexpr (kHD != 0) {
+    if (cudaError_t e = launch_backward_scans<E, bwd_scan_slice(kHD), kFast, kHD>(bp, stream, what))
+      return e;
+  } else {
+    if (cudaError_t e = bwd_scan_slice(p.V) == 32
+                            ? launch_backward_scans<E, 32, kFast, kHD>(bp, stream, what)
+                            : launch_backward_scans<E, 16, kFast, kHD>(bp, stream, what))
+      return e;
+  }
   if (p.max_chunks == 0) return cudaSuccess;
   what = "the backward input gradients";
   if constexpr (kBwdBf16Record<E, kFast, kHD>) {

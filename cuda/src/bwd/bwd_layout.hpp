@@ -15,8 +15,9 @@
 //                  gradient of the chunk's outgoing state
 //   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards)
 // Where the bf16 kernels run (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1 also go to the
-// record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below), and qh is not
-// written (that kernel scales the raw queries itself).
+// record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below), and q^ is not
+// written (that kernel scales the raw queries itself): its slot holds W split into two bf16 parts
+// for the state scan.
 #pragma once
 
 #include <cstdint>
@@ -68,7 +69,7 @@ enum BwdScalar : int {
 /// Float offsets of one backward record, and (b_*) the bf16 element offsets of its bf16 tiles.
 struct BwdRecord {
   int64_t kh, qh, w, u, du, ainv, sc, s, ds, dq, dk, floats;
-  int64_t b_s, b_u, b_ds, b_du, b_ainv;
+  int64_t b_s, b_u, b_ds, b_du, b_ainv, b_wh, b_wl;
   constexpr BwdRecord(int64_t K, int64_t V)
       : kh(0),
         qh(kh + kChunk * K),
@@ -86,17 +87,21 @@ struct BwdRecord {
         b_u(b_s + K * V),
         b_ds(2 * dq),
         b_du(2 * dk),
-        b_ainv(b_du + kChunk * V) {}
+        b_ainv(b_du + kChunk * V),
+        b_wh(2 * qh),
+        b_wl(b_wh + kChunk * K) {}
 };
 /// Where the bf16 input-gradient kernel runs (bwd_runs_bf16_input_grads), the record holds S, U,
 /// dS, dU and A^-1 as bf16 (rounded to nearest; row pitch K, V or C elements) for it alone, in
 /// slots no other block reads meanwhile: S and U in the s slot; dS in the dq slot; dU and A^-1 in
-/// the dk slot (dq and dk are written only at that kernel's end, after its own reads). Not in place
+/// the dk slot (dq and dk are written only at that kernel's end, after its own reads); and W split
+/// into bf16 hi + lo (bwd/bwd_warp_tile_bf16.cuh split_bf16x2) in the qh slot, which that
+/// configuration leaves free, for its state scan (bwd/bwd_state_forward_bf16.cuh). Not in place
 /// of the fp32 values they come from: the scans' slices (blocks of other columns) still read U0, X
 /// and Y there. Whether the tiles fit their slots:
 constexpr bool bwd_bf16_record_fits(int64_t K, int64_t V) {
   return K * V + kChunk * V <= 2 * K * V && K * V <= 2 * kChunk * K &&
-         kChunk * V + kChunk * kChunk <= 2 * kChunk * K;
+         kChunk * V + kChunk * kChunk <= 2 * kChunk * K;  // (W's two parts fill the qh slot)
 }
 
 /// Shared-memory row pitch (floats) of a matrix `width` wide: rows 16-byte aligned, offset by 4
@@ -131,6 +136,15 @@ constexpr int64_t bwd_grads_smem(int K) {
   return 4 * (acc + mats + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdCarryParts);
 }
 
+/// The bf16 state scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
+/// (bwd/bwd_state_forward_bf16.cuh): two copy stages of W hi, lo and the raw keys [C][K + 8] bf16,
+/// the U0 slice [C][VS + 4] fp32, G and kscale [C]; then S hi, lo [K][VS + 8] and the scaled U
+/// hi, lo [C][VS + 8] bf16.
+constexpr int64_t bwd_state_forward_bf16_smem() {
+  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
+  return 2 * (2 * 3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
+         4 * 2 * (C * bwd_pitch(VS) + 2 * C);
+}
 /// Whether the input gradients run bwd/bwd_input_grads_bf16.cuh (bf16 operands) instead of
 /// bwd/bwd_chunk_grads.cuh: arithmetic FAST, bf16 storage, K = V = kBwdCompiledHeadDim. The prep
 /// and the scans then write the record's bf16 tiles (BwdRecord::b_*).

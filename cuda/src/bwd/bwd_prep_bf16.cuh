@@ -8,8 +8,9 @@
 //   Y = Q^T (diag(qs e^G) dY),            the scaled dY split hi + lo
 //   W = (A^-1 diag(beta e^G ks)) K,       U0 = (A^-1 diag(beta vs)) V,   the scaled A^-1 split
 // with ks, vs, qs the record's kscale, vscale, qscale. K^ goes to the record as the TF32 prep
-// writes it (fl(ks k), for the scans), A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh, which
-// scales the raw queries itself (no q^ rows).
+// writes it (fl(ks k), for the state-gradient scan), A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh
+// (which scales the raw queries itself: no q^ rows), W also split hi + lo in bf16 for
+// bwd/bwd_state_forward_bf16.cuh (in q^'s slot).
 //
 // Precision: products of two raw operands are exact (fp32 sums in a fixed order); a split operand
 // (bwd_bf16::split_bf16x2) errs below 2^-18 relative, so every other product below 2^-17: finer
@@ -158,7 +159,9 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
     float w[4][4] = {};
     warp_tile_mma<false, false>(w, Wh, PBC, i0, Kb, PB, n0, i0 + 16);
     warp_tile_mma<false, false>(w, Wl, PBC, i0, Kb, PB, n0, i0 + 16);
-    store_tile(rec + R.w, K, i0, n0, w);
+    store_tile(rec + R.w, K, i0, n0, w);  // for the state-gradient scan (TF32 operands)
+    bf16* const rb = reinterpret_cast<bf16*>(rec);
+    store_tile_split(rb + R.b_wh, rb + R.b_wl, K, i0, n0, w);  // for the state scan
     float u[4][4] = {};
     warp_tile_mma<false, false>(u, Uh, PBC, i0, Vb, PB, n0, i0 + 16);
     warp_tile_mma<false, false>(u, Ul, PBC, i0, Vb, PB, n0, i0 + 16);

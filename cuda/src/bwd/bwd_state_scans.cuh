@@ -14,9 +14,10 @@
 // with X = M^T dY and Y = Q^^T diag(e^G) dY from the prep. The second is the first's adjoint
 // (eq. (chunk_state) transposed; _backward.py's loop over the chunks), Gamma_Cj = e^{G_{C-1} -
 // G_j}. Precision: the products of bwd/block_gemm.cuh (fixed summation order; fp32 grade under
-// ACCURATE, one TF32 part an operand under FAST). S, U, dS and dU go to the record in fp32, or in
-// bf16 (rounded to nearest) where the bf16 input-gradient kernel reads them (kBwdBf16Record;
-// BwdRecord::b_*); the scans themselves keep their state in fp32.
+// ACCURATE, one TF32 part an operand under FAST). S, U, dS and dU go to the record in fp32; dS and
+// dU in bf16 (rounded to nearest) where the bf16 input-gradient kernel reads them (kBwdBf16Record;
+// BwdRecord::b_*), whose configuration runs its own state scan (bwd/bwd_state_forward_bf16.cuh);
+// the scans keep their state in fp32.
 #pragma once
 
 #include "bwd/block_gemm.cuh"
@@ -27,6 +28,7 @@ namespace kla::kernels {
 template <class E, int VS, bool kFast, int kHD>
 __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const BwdParams bp) {
   __builtin_assume(blockDim.x == kBwdThreads);  // the launcher's (bwd_launch.cuh)
+  static_assert(!kBwdBf16Record<E, kFast, kHD>, "that configuration runs its own state scan");
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, PS = bwd_pitch(VS);
   extern __shared__ float4 smem4[];
@@ -72,10 +74,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
       cp_wait<0>();
     }
     __syncthreads();
-    if constexpr (kBwdBf16Record<E, kFast, kHD>)
-      bwd_store_rows_bf16(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_s + c0, V, Ss, PS, K, VS);
-    else
-      bwd_store_rows(rec + R.s + c0, V, Ss, PS, K, VS);
+    bwd_store_rows(rec + R.s + c0, V, Ss, PS, K, VS);
     block_gemm<kFast, false, false, true>(C, VS, K, Ws, PK, Ss, PS, Us, PS, -1.f);  // U = U0 - W S
     __syncthreads();
     const float gC = expf(Gs[C - 1]);
@@ -83,10 +82,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
       const int i = idx / (VS / 4), cc = (idx % (VS / 4)) * 4;
       const float gci = expf(Gs[C - 1] - Gs[i]);
       float4 u = *reinterpret_cast<float4*>(Us + i * PS + cc);
-      if constexpr (kBwdBf16Record<E, kFast, kHD>)
-        store_bf16x4(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_u + int64_t(i) * V + c0 + cc, u);
-      else
-        *reinterpret_cast<float4*>(rec + R.u + int64_t(i) * V + c0 + cc) = u;
+      *reinterpret_cast<float4*>(rec + R.u + int64_t(i) * V + c0 + cc) = u;
       u.x *= gci, u.y *= gci, u.z *= gci, u.w *= gci;
       *reinterpret_cast<float4*>(Us + i * PS + cc) = u;
     }

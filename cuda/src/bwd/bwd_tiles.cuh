@@ -96,16 +96,18 @@ __device__ __forceinline__ void bwd_store_rows(float* dst, int64_t dp, const flo
         *reinterpret_cast<const float4*>(src + at.i * sp + 4 * at.c);
 }
 
-/// Four fp32 values rounded to bf16 (nearest) at dst (8-byte aligned): one 8-byte store. The kernel
-/// mutant bwd_bf16_truncated truncates them instead (twice the error, and biased).
+/// A pair of fp32 values rounded to bf16 (nearest; x in the low half): how the bf16 kernels round
+/// the record's tiles and their one-part operands. The kernel mutant bwd_bf16_truncated truncates
+/// them instead (twice the error, and biased).
+__device__ __forceinline__ uint32_t round_bf16x2(float x, float y) {
+  if (KLA_MUTANT(bwd_bf16_truncated))
+    return (__float_as_uint(x) >> 16) | (__float_as_uint(y) & 0xffff0000u);
+  return Dtype<__nv_bfloat16>::pack2(x, y);
+}
+
+/// Four fp32 values rounded to bf16 (round_bf16x2) at dst (8-byte aligned): one 8-byte store.
 __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 x) {
-  uint2 u =
-      make_uint2(Dtype<__nv_bfloat16>::pack2(x.x, x.y), Dtype<__nv_bfloat16>::pack2(x.z, x.w));
-  if (KLA_MUTANT(bwd_bf16_truncated)) {
-    u.x = (__float_as_uint(x.x) >> 16) | (__float_as_uint(x.y) & 0xffff0000u);
-    u.y = (__float_as_uint(x.z) >> 16) | (__float_as_uint(x.w) & 0xffff0000u);
-  }
-  *reinterpret_cast<uint2*>(dst) = u;
+  *reinterpret_cast<uint2*>(dst) = make_uint2(round_bf16x2(x.x, x.y), round_bf16x2(x.z, x.w));
 }
 
 /// bwd_store_rows with the values rounded to bf16 (nearest): the record's bf16 tiles

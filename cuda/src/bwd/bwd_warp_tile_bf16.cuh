@@ -24,13 +24,27 @@ constexpr int PB = K + 8, PBC = C + 8;               // bf16 pitches: rows 16 by
 constexpr int PK = bwd_pitch(K), PC = bwd_pitch(C);  // fp32 pitches
 using bf16 = __nv_bfloat16;
 
-/// Adds op(A)[i0 .. i0 + 16, kb .. KD) op(B)[kb .. KD, n0 .. n0 + 32) to the warp's 16 x 32 tile d
-/// (d[j]: columns n0 + 8 j .. + 8, the mma C layout): bf16 tiles in shared memory,
+/// x = hi + lo + r for a pair of fp32 values: hi = bf16(x) and lo = bf16(x - hi), each rounded to
+/// nearest (x - hi is exact in fp32), so |r| <= 2^-9 |x - hi| <= 2^-18 |x|: a product with one
+/// operand so split and the other exact in bf16 (a raw bf16 input) errs below 2^-17 relative,
+/// finer than one TF32 part (2^-10). The kernel mutant bwd_prep_split_hi_only drops lo (the
+/// prep's and the state scan's split operands at bf16's one part).
+__device__ __forceinline__ void split_bf16x2(float x, float y, __nv_bfloat162& hi,
+                                             __nv_bfloat162& lo) {
+  hi = __floats2bfloat162_rn(x, y);
+  const float2 h = __bfloat1622float2(hi);
+  lo = KLA_MUTANT(bwd_prep_split_hi_only) ? __floats2bfloat162_rn(0.f, 0.f)
+                                          : __floats2bfloat162_rn(x - h.x, y - h.y);
+}
+
+/// Adds op(A)[i0 .. i0 + 16, kb .. KD) op(B)[kb .. KD, n0 .. n0 + 16 NP) to the warp's 16 x 16 NP
+/// tile d (NP = 2: 16 x 32; d[j]: columns n0 + 8 j .. + 8, the mma C layout): bf16 tiles in
+/// shared memory,
 ///   op(A)(i, k) = TA ? A[k][i] : A[i][k],   op(B)(k, n) = TB ? B[n][k] : B[k][n],
 /// k-steps of 16 in order (kb, KD multiples of 16: a triangular op(A) skips its zero steps).
 /// Pitches (elements) make every ldmatrix row 16 bytes apart mod 128.
-template <bool TA, bool TB>
-__device__ __forceinline__ void warp_tile_mma(float (&d)[4][4], const bf16* A, int lda, int i0,
+template <bool TA, bool TB, int NP = 2>
+__device__ __forceinline__ void warp_tile_mma(float (&d)[2 * NP][4], const bf16* A, int lda, int i0,
                                               const bf16* B, int ldb, int n0, int KD, int kb = 0) {
   const int lane = threadIdx.x & 31;
 #pragma unroll 4
@@ -41,7 +55,7 @@ __device__ __forceinline__ void warp_tile_mma(float (&d)[4][4], const bf16* A, i
     else
       ldsm4(a, A + (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {  // n-tiles 2p, 2p + 1
+    for (int p = 0; p < NP; ++p) {  // n-tiles 2p, 2p + 1
       const int nb = n0 + 16 * p;
       uint32_t b[4];
       if constexpr (TB)
@@ -74,6 +88,21 @@ __device__ __forceinline__ void store_tile(T* dst, int ld, int i0, int n0, const
     }
 }
 
+/// The warp's 16 x 32 tile d split (split_bf16x2) into bf16 tiles hi and lo of pitch ld (shared
+/// or global memory), a pair at a time.
+__device__ __forceinline__ void store_tile_split(bf16* hi, bf16* lo, int ld, int i0, int n0,
+                                                 const float (&d)[4][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t at = int64_t(i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t;
+      split_bf16x2(d[j][2 * h], d[j][2 * h + 1], *reinterpret_cast<__nv_bfloat162*>(hi + at),
+                   *reinterpret_cast<__nv_bfloat162*>(lo + at));
+    }
+}
+
 /// A [rows][W] bf16 tile of the record (row pitch W) to shared memory of pitch dp by cp.async (16
 /// bytes a copy); the caller commits and waits.
 template <int W>
@@ -98,9 +127,9 @@ __device__ __forceinline__ void cp_input_rows(bf16* dst, int dp, const bf16* bas
 }
 
 /// Rows [0, L) of a chunk's [C][K] tile of a raw [B,T,heads,K] bf16 input, row i scaled by s[i]
-/// in fp32 and rounded to bf16 (nearest), into shared memory of pitch dp (rows past L zero): the
-/// prep's fp32 rows fl(s_i x) rounded, without reading them. All of a thread's 16-byte loads are
-/// in flight before any is stored.
+/// in fp32 and rounded to bf16 (round_bf16x2), into shared memory of pitch dp (rows past L zero):
+/// the prep's fp32 rows fl(s_i x) rounded, without reading them. All of a thread's 16-byte loads
+/// are in flight before any is stored.
 __device__ __forceinline__ void load_scaled_rows(bf16* dst, int dp, const bf16* base,
                                                  const int64_t* st, int64_t b, int64_t tb, int head,
                                                  int L, const float* s) {
@@ -118,26 +147,14 @@ __device__ __forceinline__ void load_scaled_rows(bf16* dst, int dp, const bf16* 
   for (int u = 0; u < kPer; ++u) {
     const int idx = threadIdx.x + u * kBwdChunkThreads, i = idx / W8, c8 = (idx % W8) * 8;
     const float si = i < L ? s[i] : 0.f;
-    __nv_bfloat162* e = reinterpret_cast<__nv_bfloat162*>(&x[u]);
+    uint32_t* e = reinterpret_cast<uint32_t*>(&x[u]);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(e[j]);
-      e[j] = __floats2bfloat162_rn(si * f.x, si * f.y);
+      const float2 f = Dtype<bf16>::unpack2(e[j]);
+      e[j] = round_bf16x2(si * f.x, si * f.y);
     }
     *reinterpret_cast<uint4*>(dst + i * dp + c8) = x[u];
   }
-}
-
-/// x = hi + lo + r for a pair of fp32 values: hi = bf16(x) and lo = bf16(x - hi), each rounded to
-/// nearest (x - hi is exact in fp32), so |r| <= 2^-9 |x - hi| <= 2^-18 |x|: a product with one
-/// operand so split and the other exact in bf16 (a raw bf16 input) errs below 2^-17 relative,
-/// finer than one TF32 part (2^-10). The kernel mutant bwd_prep_split_hi_only drops lo.
-__device__ __forceinline__ void split_bf16x2(float x, float y, __nv_bfloat162& hi,
-                                             __nv_bfloat162& lo) {
-  hi = __floats2bfloat162_rn(x, y);
-  const float2 h = __bfloat1622float2(hi);
-  lo = KLA_MUTANT(bwd_prep_split_hi_only) ? __floats2bfloat162_rn(0.f, 0.f)
-                                          : __floats2bfloat162_rn(x - h.x, y - h.y);
 }
 
 }  // namespace bwd_bf16

@@ -21,7 +21,7 @@ enum class KernelMutant : int {
   bwd_fast_in_accurate,       // bwd/bwd_launch.cuh: the backward's FAST products for every call
   bwd_fast_bf16_operands,     // bwd/block_gemm.cuh: FAST's operands rounded to bf16, not TF32
   bwd_bf16_truncated,         // bwd/bwd_tiles.cuh: the bf16 input gradients' tiles truncated
-  bwd_prep_split_hi_only,     // bwd/bwd_warp_tile_bf16.cuh: the bf16 prep's split operands, no lo
+  bwd_prep_split_hi_only,     // bwd/bwd_warp_tile_bf16.cuh: bf16 split operands without lo
   count
 };
 

@@ -1,0 +1,137 @@
+// Backward, pass 2 under arithmetic FAST for bf16 storage at K = V = 128
+// (bwd_runs_bf16_input_grads): bwd_state_forward_bf16_kernel, the state scan of
+// bwd/bwd_state_scans.cuh (its file comment has the recurrence) on bf16 tensor cores, one block per
+// (sequence, value head, slice of VS = 32 value columns), 8 warps:
+//   U = U0 - W S                      W and S split hi + lo (three products: hi hi, hi lo, lo hi)
+//   S <- gamma_C S + K^T (diag(Gamma_C. ks) U)   K the raw keys (exact), the scaled U split
+// with k^ = ks k (the record's kscale). Each warp keeps 16 rows of the state slice in fp32
+// registers for the whole sequence (the mma accumulators of the update); S and the scaled U reach
+// the products as split bf16 tiles in shared memory. Per chunk the block copies in (cp.async, two
+// stages) W's two parts (the prep writes them, BwdRecord::b_wh / b_wl), the raw keys, the U0
+// slice, G and kscale; it writes S (entering the chunk) and U to the record in bf16 for
+// bwd/bwd_input_grads_bf16.cuh, their only reader in this configuration.
+//
+// Precision: a split operand errs below 2^-18 relative (bwd_bf16::split_bf16x2), the dropped
+// lo lo product below 2^-18, raw keys are exact, so each product errs below about 2^-16: finer
+// than the TF32 scan's one part an operand (2^-10); the state itself accumulates in fp32.
+#pragma once
+
+#include <type_traits>
+
+#include "bwd/bwd_warp_tile_bf16.cuh"
+
+namespace kla::kernels {
+
+template <class E>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_state_forward_bf16_kernel(const BwdParams bp) {
+  using namespace bwd_bf16;
+  static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
+  __builtin_assume(blockDim.x == kBwdThreads);             // the launcher's (bwd_launch.cuh)
+  constexpr int VS = 32, PS = VS + 8, PU = bwd_pitch(VS);  // bf16 [.][VS] pitch: 80 bytes
+  const KernelParams& p = bp.f;
+  const ScanTile blk = scan_tile(p, K, V, VS);
+  const int c0 = blk.c0;
+  const SeqRange sr = blk.sr;
+  const BwdRecord R(K, V);
+  float* const rec0 = bwd_record(bp, blk.n, sr, 0, blk.hv);  // chunk ch's: rec0 + ch * rstep
+  const int64_t rstep = bwd_record_step(bp);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+
+  // Shared memory (bwd_state_forward_bf16_smem): stage st: W hi, W lo, raw K [C][PB] bf16, U0
+  // [C][PU] fp32, G [C], kscale [C]; then S hi, lo [K][PS] and the scaled U hi, lo [C][PS] bf16.
+  extern __shared__ float4 smem4[];
+  constexpr int kStageBytes = 2 * 3 * C * PB + 4 * (C * PU + 2 * C);
+  char* const stages = reinterpret_cast<char*>(smem4);
+  bf16* const Sh = reinterpret_cast<bf16*>(stages + 2 * kStageBytes);
+  bf16* const Sl = Sh + K * PS;
+  bf16* const Uh = Sl + K * PS;
+  bf16* const Ul = Uh + C * PS;
+  auto stage_w = [&](int st) { return reinterpret_cast<bf16*>(stages + st * kStageBytes); };
+  auto stage_u0 = [&](int st) { return reinterpret_cast<float*>(stage_w(st) + 3 * C * PB); };
+
+  // The warp's rows of the state slice (i0s = 16 warp, all VS columns) and its 16 x 16 tile of U.
+  const int i0s = 16 * warp, i0u = (warp >> 1) * 16, n0u = (warp & 1) * 16;
+  float s[4][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = i0s + g + 8 * (e >> 1), c = c0 + 8 * j + 2 * t + (e & 1);
+      s[j][e] = blk.slot.in ? blk.slot.in[int64_t(r) * V + c] : 0.f;
+    }
+  store_tile_split(Sh, Sl, PS, i0s, 0, s);
+
+  const E* kraw = static_cast<const E*>(p.k);
+  const int nch = int((sr.len + C - 1) / C);
+  auto issue = [&](int st, int ch) {
+    const float* rec = rec0 + ch * rstep;
+    const bf16* rb = reinterpret_cast<const bf16*>(rec);
+    bf16* w = stage_w(st);
+    float* u0 = stage_u0(st);
+    const int64_t cs = int64_t(ch) * C;
+    const int L = int(sr.len - cs < C ? sr.len - cs : C);
+    cp_tile_bf16<K>(w, PB, rb + R.b_wh, C);
+    cp_tile_bf16<K>(w + C * PB, PB, rb + R.b_wl, C);
+    cp_input_rows(w + 2 * C * PB, PB, kraw, p.ks, sr.b, sr.t0 + cs, blk.h, L);
+    bwd_cp_rows(u0, PU, rec + R.u + c0, V, C, VS);
+    bwd_cp_rows(u0 + C * PU, C, rec + R.sc + kScG * C, C, 1, C);
+    bwd_cp_rows(u0 + C * PU + C, C, rec + R.sc + kScKscale * C, C, 1, C);
+    cp_commit();
+  };
+  if (nch > 0) issue(0, 0);
+  for (int ch = 0; ch < nch; ++ch) {
+    const int st = ch & 1;
+    bf16* const rb = reinterpret_cast<bf16*>(rec0 + ch * rstep);
+    const bf16* const Wh = stage_w(st);
+    const bf16* const Wl = Wh + C * PB;
+    const bf16* const Kr = Wl + C * PB;
+    const float* const U0 = stage_u0(st);
+    const float* const Gs = U0 + C * PU;
+    const float* const ks = Gs + C;
+    __syncthreads();  // the previous chunk is done with stage st ^ 1, Uh and Ul
+    if (ch + 1 < nch) {
+      issue(st ^ 1, ch + 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();  // stage st and S's split tiles visible
+    // S entering the chunk to the record in bf16: its hi part is S rounded to nearest.
+    for (int idx = tid; idx < K * (VS / 8); idx += kBwdThreads) {
+      const int r = idx / (VS / 8), c8 = (idx % (VS / 8)) * 8;
+      *reinterpret_cast<uint4*>(rb + R.b_s + int64_t(r) * V + c0 + c8) =
+          *reinterpret_cast<const uint4*>(Sh + r * PS + c8);
+    }
+    float u[2][4] = {};  // W S on the warp's tile: hi hi, hi lo, lo hi
+    warp_tile_mma<false, false, 1>(u, Wh, PB, i0u, Sh, PS, n0u, K);
+    warp_tile_mma<false, false, 1>(u, Wh, PB, i0u, Sl, PS, n0u, K);
+    warp_tile_mma<false, false, 1>(u, Wl, PB, i0u, Sh, PS, n0u, K);
+    // U = U0 - W S to the record in bf16; Gamma_Ci ks_i u_i split for the update.
+    const float gC = expf(Gs[C - 1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = i0u + g + 8 * h;
+      const float f = expf(Gs[C - 1] - Gs[i]) * ks[i];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = n0u + 8 * j + 2 * t;
+        const float2 u0 = *reinterpret_cast<const float2*>(U0 + i * PU + c);
+        const float x = u0.x - u[j][2 * h], y = u0.y - u[j][2 * h + 1];
+        *reinterpret_cast<uint32_t*>(rb + R.b_u + int64_t(i) * V + c0 + c) = round_bf16x2(x, y);
+        split_bf16x2(f * x, f * y, *reinterpret_cast<__nv_bfloat162*>(Uh + i * PS + c),
+                     *reinterpret_cast<__nv_bfloat162*>(Ul + i * PS + c));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= gC;
+    __syncthreads();  // the scaled U complete; every warp done reading S's split tiles
+    warp_tile_mma<true, false>(s, Kr, PB, i0s, Uh, PS, 0, C);  // + K^T (Gamma ks U), hi part
+    warp_tile_mma<true, false>(s, Kr, PB, i0s, Ul, PS, 0, C);  // lo part
+    store_tile_split(Sh, Sl, PS, i0s, 0, s);
+  }
+}
+
+}  // namespace kla::kernels
