@@ -47,19 +47,7 @@ __device__ __forceinline__ void bwd_prep_scalars(const KernelParams& p, const T*
     }
   }
   __syncthreads();
-  if (warp == 0) {  // inclusive scan of the log decays (fixed shuffle order)
-    float* Gv = sc + 6 * C;
-    const float a0 = Gv[2 * lane], a1 = Gv[2 * lane + 1];
-    float s = a0 + a1;
-    for (int off = 1; off < 32; off <<= 1) {
-      const float o = __shfl_up_sync(0xffffffffu, s, off);
-      if (lane >= off) s += o;
-    }
-    const float excl = s - (a0 + a1);
-    __syncwarp();
-    Gv[2 * lane] = excl + a0;
-    Gv[2 * lane + 1] = excl + a0 + a1;
-  }
+  if (warp == 0) chunk_log_decay_scan(sc + 6 * C, lane);  // G
   __syncthreads();
   if (tid < C) {
     const int i = tid;

@@ -39,6 +39,22 @@ __device__ __forceinline__ void token_scalars_preload(const KernelParams& p, con
   }
 }
 
+/// Warp 0's inclusive scan of a chunk's log decays Gv[0 .. 64) in place (the cumulative log decay
+/// G), in a fixed order: two tokens a lane, then the warp's shuffle tree. lane = threadIdx.x % 32.
+__device__ __forceinline__ void chunk_log_decay_scan(float* Gv, int lane) {
+  static_assert(kChunk == 64, "two tokens a lane");
+  const float a0 = Gv[2 * lane], a1 = Gv[2 * lane + 1];
+  float s = a0 + a1;
+  for (int off = 1; off < 32; off <<= 1) {
+    const float o = __shfl_up_sync(0xffffffffu, s, off);
+    if (lane >= off) s += o;
+  }
+  const float excl = s - (a0 + a1);
+  __syncwarp();
+  Gv[2 * lane] = excl + a0;
+  Gv[2 * lane + 1] = excl + a0 + a1;
+}
+
 /// Per-token scalars of one chunk (rows [0, kChunk), rows >= L padding): kscale, vscale, beta,
 /// the read-out scale and the inclusive cumulative log decay G, into shared arrays (token_coef). ks
 /// / qs are the raw key / query tiles (pitch KP; with q_sw128 the query tile in the 128-byte
@@ -88,18 +104,7 @@ __device__ __forceinline__ void chunk_token_scalars(const KernelParams& p, int L
     }
   }
   __syncthreads();
-  if (warp == 0) {  // inclusive scan of the log decays (fixed shuffle order)
-    const float a0 = Gv[2 * lane], a1 = Gv[2 * lane + 1];
-    float s = a0 + a1;
-    for (int off = 1; off < 32; off <<= 1) {
-      const float o = __shfl_up_sync(0xffffffffu, s, off);
-      if (lane >= off) s += o;
-    }
-    const float excl = s - (a0 + a1);
-    __syncwarp();
-    Gv[2 * lane] = excl + a0;
-    Gv[2 * lane + 1] = excl + a0 + a1;
-  }
+  if (warp == 0) chunk_log_decay_scan(Gv, lane);
   __syncthreads();
 }
 
