@@ -298,8 +298,9 @@ def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=Non
     an output error no larger than FLA's (bf16 / fp16 on the wy_transposed path round the state
     once to the dtype, 7-9% faster; fp32 runs the WY path, ~3x faster; other paths run
     'accurate'; kla.plan(...).arithmetic says which runs; the backward of a 'fast' call runs its
-    products on one TF32 part per operand, and for bf16 at K = V = 128 its input gradients on
-    bf16 operands: gradients still no further from float64 than FLA's backward, docs/accuracy.md);
+    products on one TF32 part per operand, and for bf16 at K = V = 128 its prep and state scan
+    on split bf16 operands and its input gradients on bf16 operands: gradients still no further
+    from float64 than FLA's backward, docs/accuracy.md);
     path / value_slice pin the kernel path (kla.plan shows
     what 'auto' picks).
     """

@@ -11,7 +11,9 @@
 //   as TF32 (truncated: below 2^-10 relative an operand, 2^-9 a product): one product a step and
 //   no split. Still finer than the 16-bit operands of the peers' backward (bf16 rounded to
 //   nearest: below 2^-8 an operand); docs/accuracy.md has both beside each other. (For bf16 at
-//   K = V = 128 the input gradients run on bf16 operands instead, bwd/bwd_input_grads_bf16.cuh.)
+//   K = V = 128 only the state-gradient scan runs here: the prep, the state scan and the input
+//   gradients run bwd/bwd_prep_bf16.cuh, bwd/bwd_state_forward_bf16.cuh and
+//   bwd/bwd_input_grads_bf16.cuh on bf16 tensor cores instead.)
 // Each warp owns 16 x 8 NT output tiles (BwdTiles: NT = 4, or the widest that still gives every
 // warp a tile) and sums over the inner dimension in index order: every output element is the
 // same chains over k whatever NT and the block's size, so the result is bitwise the same (no
