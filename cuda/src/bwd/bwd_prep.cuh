@@ -6,7 +6,9 @@
 //   W = A^-1 diag(beta e^G) K^,  U0 = A^-1 diag(beta) V^,  M = (Q^ K^^T) o Gamma (j <= i),
 // and the state-gradient scan's terms of dO (dY = dO: the read-out scale is inside q^):
 //   X = M^T dY,  Y = Q^^T diag(e^G) dY,
-// all written to the chunk's record (bwd/bwd_layout.hpp) with the per-token scalars.
+// written to the chunk's record (bwd/bwd_layout.hpp) with k^, q^, A^-1 and the per-token scalars
+// (not v^: its one reader scales the raw values). FAST bf16 at K = V = 128 runs
+// bwd/bwd_prep_bf16.cuh instead.
 //
 // Precision: fp32 (raw bf16 / fp16 inputs are exact in fp32; A^-1's blocks below the diagonal
 // with split-TF32 products, ~2^-21 relative each, prep/invert.cuh, in both arithmetics; the other
