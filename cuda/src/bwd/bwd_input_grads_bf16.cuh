@@ -17,9 +17,10 @@
 // order inside one); sum(dS o S) (the carried state's share of dg) over the same bf16 values in a
 // fixed order; the row terms (q^ . (S dy)-like dots), the [C][C] sums of dG and dbeta and the
 // prologue backwards in fp32 from fp32 values, as bwd/bwd_chunk_grads.cuh. The state-gradient path
-// (the prep's X and Y, the dS scan) keeps one TF32 part an operand: rounding it to bf16 too makes
-// d(initial state) err 1.31-1.36x FLA's, while bf16 operands here keep every gradient at most
-// 0.95x FLA's error (docs/prefill_notes.md, round 2 session 11).
+// (the prep's X and Y, the dS scan) stays at one TF32 part an operand or finer (the bf16 prep's
+// split operands): rounding it to one bf16 part too makes d(initial state) err 1.31-1.36x FLA's,
+// while bf16 operands here keep every gradient at most 0.95x FLA's error (docs/prefill_notes.md,
+// round 2 sessions 11 and 13).
 #pragma once
 
 #include <type_traits>
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   float* const red = rowp + 3 * C * 4;  // [16] parts of sum(dS o S), one a warp
 
   // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
-  // cp.async; K^, Q^ rounded to bf16 from their fp32 rows meanwhile.
+  // cp.async; meanwhile K^, Q^ from the raw rows, scaled and rounded to bf16 (load_scaled_rows).
   {
     cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
     const bf16* rb = reinterpret_cast<const bf16*>(rec);

@@ -1,8 +1,9 @@
 // Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, input
 // gradients, and (grouped value heads) the key heads' sums, on one stream, in the arithmetic the
 // call asked for (BwdParams::fast: the products of bwd/block_gemm.cuh; under FAST in bf16 at
-// K = V = 128 the prep and the input gradients on bf16 operands, bwd_runs_bf16_input_grads), by the
-// kernels compiled for the call's head dims (bwd_head_dim: K = V = kBwdCompiledHeadDim, or any).
+// K = V = 128 the prep, the state scan and the input gradients on bf16 tensor cores,
+// bwd_runs_bf16_input_grads), by the kernels compiled for the call's head dims (bwd_head_dim:
+// K = V = kBwdCompiledHeadDim, or any).
 // Decides nothing else: the sizes and shared memory come from bwd/bwd_layout.hpp.
 #pragma once
 

@@ -101,7 +101,7 @@ struct BwdRecord {
 /// and Y there. Whether the tiles fit their slots:
 constexpr bool bwd_bf16_record_fits(int64_t K, int64_t V) {
   return K * V + kChunk * V <= 2 * K * V && K * V <= 2 * kChunk * K &&
-         kChunk * V + kChunk * kChunk <= 2 * kChunk * K;  // (W's two parts fill the qh slot)
+         kChunk * V + kChunk * kChunk <= 2 * kChunk * K;
 }
 
 /// Shared-memory row pitch (floats) of a matrix `width` wide: rows 16-byte aligned, offset by 4

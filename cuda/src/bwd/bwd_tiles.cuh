@@ -13,8 +13,9 @@
 
 namespace kla::kernels {
 
-/// Whether the kernels of dtype E, arithmetic kFast and head dims kHD keep S, dS, U, dU and A^-1 in
-/// the record as bf16 (bwd_runs_bf16_input_grads; bwd/bwd_layout.hpp).
+/// Whether dtype E, arithmetic kFast and head dims kHD run the bf16 prep, state scan and input
+/// gradients, which keep S, dS, U, dU, A^-1 and W's two parts in the record as bf16
+/// (bwd_runs_bf16_input_grads; bwd/bwd_layout.hpp).
 template <class E, bool kFast, int kHD>
 constexpr bool kBwdBf16Record = bwd_runs_bf16_input_grads(kFast, std::is_same_v<E, __nv_bfloat16>,
                                                           kHD, kHD);
