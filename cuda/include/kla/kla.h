@@ -285,10 +285,9 @@ KLA_API size_t kla_workspace_size(const kla_params* p);
  * forward.arithmetic: ACCURATE (default) on split-TF32 tensor cores, about 2^-21 a product (fp32
  * grade); FAST, every dtype, with each operand one TF32 part (below 2^-10 relative: still finer
  * than the 16-bit operands of the peers' backward), 11-14% faster, except that for bf16 at
- * K = V = 128 the prep and the state scan run on bf16 tensor cores (the raw inputs exact, the
+ * K = V = 128 the prep and both state scans run on bf16 tensor cores (the raw inputs exact, the
  * scaled operands split into two bf16 parts: below about 2^-16 a product, finer than TF32) and
- * the input gradients take one-part bf16 operands (below 2^-8; the state-gradient scan stays one
- * TF32 part), in about 0.6 of ACCURATE's time with every gradient still no further from float64
+ * the input gradients take one-part bf16 operands (below 2^-8), in about 0.55 of ACCURATE's time with every gradient still no further from float64
  * than FLA's backward (H100; docs/accuracy.md has both contracts' measured errors beside FLA's,
  * docs/performance.md the times); what the forward
  * would save (each chunk's incoming state) is recomputed here into the workspace, whose size

@@ -79,7 +79,8 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
 }
 
 /// The prologue backwards and the writes, one warp per token: from dq^ (dqh) and dk^ (dkh), [C]
-/// rows of pitch ph in shared memory, the keys k^ (kh, pitch pk: shared memory or the record),
+/// rows of pitch ph in shared memory, the keys k^ (kh, pitch pk: shared memory or the record; or,
+/// kRawKeys, fl(kscale k) from the raw row, bitwise the prep's k^),
 /// dR and the scalars in the record, the raw values (v^ = vscale v, as the prep scales them), beta,
 /// dg (dGs) and dG's share of dbeta (dbs):
 ///   dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out, else qs dq^;
@@ -87,7 +88,7 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
 ///   dk1 = s (dk^ - k^ (k^ . dk^ + beta v^ . dR)) (Kaczmarz) or dk^, then the qk l2-norm's chain.
 /// Lane l holds elements l + 32 m (m < kRowSlots), every global read of a token issued before any
 /// is used. dq, dk go to the record for grouped value heads (bwd_group_sum_kernel), else out.
-template <class E>
+template <class E, bool kRawKeys = false>
 __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepTile& pt, float* rec,
                                                 int K, int V, const float* dqh, const float* dkh,
                                                 int ph, const float* kh, int pk, const float* beta,
@@ -115,12 +116,14 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
     for (int m = 0; m < kRowSlots; ++m) {
       const int r = lane + 32 * m;
       q0[m] = p.l2norm != 0 && r < K ? tof(qrow[r]) : 0.f;
-      k0[m] = p.l2norm == 2 && r < K ? tof(krow[r]) : 0.f;
+      k0[m] = (kRawKeys || p.l2norm == 2) && r < K ? tof(krow[r]) : 0.f;
       vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;  // v^ = vscale v, as the prep computes it
       dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
     }
     const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
     const float kn = rs[kScKnorm * C + i], bi = beta[i];
+    const float ksc = kRawKeys ? rs[kScKscale * C + i] : 0.f;
+    auto khat = [&](int m, int r) { return kRawKeys ? ksc * k0[m] : kh[i * pk + r]; };
     // dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out (q^ = qn q), else qs dq^.
     float dot = 0.f;
 #pragma unroll
@@ -149,7 +152,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
         dvb[b * bp.dvs[0] + t * bp.dvs[1] + int64_t(hv) * bp.dvs[2] + r] =
             Dtype<E>::from_float(ks * (bi * dr[m]));
       }
-      if (r < K) t1 = fmaf(kh[i * pk + r], dkh[i * ph + r], t1);
+      if (r < K) t1 = fmaf(khat(m, r), dkh[i * ph + r], t1);
     }
     vdr = warp_sum(vdr);
     t1 = fmaf(bi, vdr, warp_sum(t1));
@@ -160,7 +163,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       const int r = lane + 32 * m;
       dk1[m] = 0.f;
       if (r >= K) continue;
-      dk1[m] = p.kaczmarz ? ks * (dkh[i * ph + r] - kh[i * pk + r] * t1) : dkh[i * ph + r];
+      dk1[m] = p.kaczmarz ? ks * (dkh[i * ph + r] - khat(m, r) * t1) : dkh[i * ph + r];
       t2 = fmaf(k0[m] * kn, dk1[m], t2);
     }
     t2 = warp_sum(t2);

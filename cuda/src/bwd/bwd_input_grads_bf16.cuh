@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   store_tile(dkh, PK, i0, n0, a2);
   __syncthreads();
 
-  bwd_token_grads<E>(bp, pt, rec, K, V, dqh, dkh, PK, rec + R.kh, K, beta, dGs, dbs);
+  bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs);
 }
 
 }  // namespace kla::kernels

@@ -13,6 +13,7 @@
 #include "bwd/bwd_input_grads_bf16.cuh"
 #include "bwd/bwd_prep.cuh"
 #include "bwd/bwd_prep_bf16.cuh"
+#include "bwd/bwd_state_backward_bf16.cuh"
 #include "bwd/bwd_state_forward_bf16.cuh"
 #include "bwd/bwd_state_scans.cuh"
 #include "common/kernel_mutants.hpp"
@@ -48,7 +49,11 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
     }
   }
   what = "the backward state-gradient scan";
-  return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
+  if constexpr (kBwdBf16Record<E, kFast, kHD>)
+    return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(), bp,
+                      stream);
+  else
+    return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
 }
 
 template <class E, bool kFast, int kHD>

@@ -15,9 +15,9 @@
 //                  gradient of the chunk's outgoing state
 //   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards)
 // Where the bf16 kernels run (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1 also go to the
-// record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below), and q^ is not
-// written (that kernel scales the raw queries itself): its slot holds W split into two bf16 parts
-// for the state scan.
+// record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below); k^, q^ and W in
+// fp32 are not written (the kernels after the prep scale the raw keys and queries themselves): q^'s
+// slot holds W split into two bf16 parts for the two scans.
 #pragma once
 
 #include <cstdint>
@@ -96,9 +96,10 @@ struct BwdRecord {
 /// slots no other block reads meanwhile: S and U in the s slot; dS in the dq slot; dU and A^-1 in
 /// the dk slot (dq and dk are written only at that kernel's end, after its own reads); and W split
 /// into bf16 hi + lo (bwd/bwd_warp_tile_bf16.cuh split_bf16x2) in the qh slot, which that
-/// configuration leaves free, for its state scan (bwd/bwd_state_forward_bf16.cuh). Not in place
-/// of the fp32 values they come from: the scans' slices (blocks of other columns) still read U0, X
-/// and Y there. Whether the tiles fit their slots:
+/// configuration leaves free, for its scans (bwd/bwd_state_forward_bf16.cuh,
+/// bwd/bwd_state_backward_bf16.cuh). Not in place of the fp32 values they come from: the scans'
+/// slices (blocks of other columns) still read U0, X and Y there. Whether the tiles fit their
+/// slots:
 constexpr bool bwd_bf16_record_fits(int64_t K, int64_t V) {
   return K * V + kChunk * V <= 2 * K * V && K * V <= 2 * kChunk * K &&
          kChunk * V + kChunk * kChunk <= 2 * kChunk * K;
@@ -144,6 +145,15 @@ constexpr int64_t bwd_state_forward_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
   return 2 * (2 * 3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
          4 * 2 * (C * bwd_pitch(VS) + 2 * C);
+}
+/// The bf16 state-gradient scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
+/// (bwd/bwd_state_backward_bf16.cuh): two copy stages of W hi, lo and the raw keys [C][K + 8] bf16,
+/// the X [C][VS + 4] and Y [K][VS + 4] slices fp32, G and kscale [C]; then dS hi, lo [K][VS + 8]
+/// and dU hi, lo [C][VS + 8] bf16.
+constexpr int64_t bwd_state_backward_bf16_smem() {
+  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
+  return 2 * (2 * 3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
+         4 * 2 * ((C + K) * bwd_pitch(VS) + 2 * C);
 }
 /// Whether the input gradients run bwd/bwd_input_grads_bf16.cuh (bf16 operands) instead of
 /// bwd/bwd_chunk_grads.cuh: arithmetic FAST, bf16 storage, K = V = kBwdCompiledHeadDim. The prep

@@ -7,10 +7,10 @@
 //   X = M^T dY,                           M = (Q^K^^T) o Gamma split hi + lo
 //   Y = Q^T (diag(qs e^G) dY),            the scaled dY split hi + lo
 //   W = (A^-1 diag(beta e^G ks)) K,       U0 = (A^-1 diag(beta vs)) V,   the scaled A^-1 split
-// with ks, vs, qs the record's kscale, vscale, qscale. K^ goes to the record as the TF32 prep
-// writes it (fl(ks k), for the state-gradient scan), A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh
-// (which scales the raw queries itself: no q^ rows), W also split hi + lo in bf16 for
-// bwd/bwd_state_forward_bf16.cuh (in q^'s slot).
+// with ks, vs, qs the record's kscale, vscale, qscale. Neither k^ nor q^ goes to the record (the
+// kernels after it scale the raw rows themselves), nor W in fp32: W goes split hi + lo in bf16 (in
+// q^'s slot) for the two scans (bwd/bwd_state_forward_bf16.cuh, bwd/bwd_state_backward_bf16.cuh),
+// A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh.
 //
 // Precision: products of two raw operands are exact (fp32 sums in a fixed order); a split operand
 // (bwd_bf16::split_bf16x2) errs below 2^-18 relative, so every other product below 2^-17: finer
@@ -75,16 +75,6 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   __syncthreads();
   bwd_prep_scalars(p, Kb, Qb, PB, K, L, sc, rec + R.sc);
 
-  // k^ = ks k to the record in fp32 (rows past L zero), for the scans; q^ is not written (the
-  // input-gradient kernel scales the raw queries, bwd/bwd_layout.hpp).
-  for (int idx = tid; idx < C * (K / 4); idx += kBwdChunkThreads) {
-    const int i = idx / (K / 4), c4 = (idx % (K / 4)) * 4;
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Kb + i * PB + c4));
-    const float2 b =
-        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Kb + i * PB + c4 + 2));
-    *reinterpret_cast<float4*>(rec + R.kh + i * K + c4) =
-        make_float4(ks[i] * a.x, ks[i] * a.y, ks[i] * b.x, ks[i] * b.y);
-  }
   // The warp's tile of a [C][128] product (i0, n0) and of a [C][C] one (pi0, pn0): warps 0-7
   // K K^T, warps 8-15 Q K^T, but for the tiles wholly above the diagonal (masked below).
   const int i0 = (warp >> 2) * 16, n0 = (warp & 3) * 32;
@@ -159,9 +149,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
     float w[4][4] = {};
     warp_tile_mma<false, false>(w, Wh, PBC, i0, Kb, PB, n0, i0 + 16);
     warp_tile_mma<false, false>(w, Wl, PBC, i0, Kb, PB, n0, i0 + 16);
-    store_tile(rec + R.w, K, i0, n0, w);  // for the state-gradient scan (TF32 operands)
     bf16* const rb = reinterpret_cast<bf16*>(rec);
-    store_tile_split(rb + R.b_wh, rb + R.b_wl, K, i0, n0, w);  // for the state scan
+    store_tile_split(rb + R.b_wh, rb + R.b_wl, K, i0, n0, w);  // for both scans
     float u[4][4] = {};
     warp_tile_mma<false, false>(u, Uh, PBC, i0, Vb, PB, n0, i0 + 16);
     warp_tile_mma<false, false>(u, Ul, PBC, i0, Vb, PB, n0, i0 + 16);

@@ -14,10 +14,10 @@
 // with X = M^T dY and Y = Q^^T diag(e^G) dY from the prep. The second is the first's adjoint
 // (eq. (chunk_state) transposed; _backward.py's loop over the chunks), Gamma_Cj = e^{G_{C-1} -
 // G_j}. Precision: the products of bwd/block_gemm.cuh (fixed summation order; fp32 grade under
-// ACCURATE, one TF32 part an operand under FAST). S, U, dS and dU go to the record in fp32; dS and
-// dU in bf16 (rounded to nearest) where the bf16 input-gradient kernel reads them (kBwdBf16Record;
-// BwdRecord::b_*), whose configuration runs its own state scan (bwd/bwd_state_forward_bf16.cuh);
-// the scans keep their state in fp32.
+// ACCURATE, one TF32 part an operand under FAST). S, U, dS and dU go to the record in fp32; the
+// configuration of the bf16 input-gradient kernel (kBwdBf16Record) runs its own scans
+// (bwd/bwd_state_forward_bf16.cuh, bwd/bwd_state_backward_bf16.cuh); the scans keep their state in
+// fp32.
 #pragma once
 
 #include "bwd/block_gemm.cuh"
@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_forward_kernel(const Bw
 template <class E, int VS, bool kFast, int kHD>
 __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const BwdParams bp) {
   __builtin_assume(blockDim.x == kBwdThreads);  // the launcher's (bwd_launch.cuh)
+  static_assert(!kBwdBf16Record<E, kFast, kHD>, "that configuration runs its own state scan");
   const KernelParams& p = bp.f;
   constexpr int C = kChunk, PS = bwd_pitch(VS);
   extern __shared__ float4 smem4[];
@@ -150,10 +151,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
       cp_wait<0>();
     }
     __syncthreads();
-    if constexpr (kBwdBf16Record<E, kFast, kHD>)  // (Y is in shared memory already)
-      bwd_store_rows_bf16(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_ds + c0, V, dS, PS, K, VS);
-    else
-      bwd_store_rows(rec + R.ds + c0, V, dS, PS, K, VS);
+    bwd_store_rows(rec + R.ds + c0, V, dS, PS, K, VS);
     block_gemm<kFast, false, false, false>(C, VS, K, Khs, PK, dS, PS, dU, PS, 1.f);  // K^ dS
     __syncthreads();
     const float gC = expf(Gs[C - 1]);
@@ -165,10 +163,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_state_backward_kernel(const B
       const float4 x = make_float4(fmaf(gci, du.x, xs.x), fmaf(gci, du.y, xs.y),
                                    fmaf(gci, du.z, xs.z), fmaf(gci, du.w, xs.w));
       *reinterpret_cast<float4*>(dU + i * PS + cc) = x;
-      if constexpr (kBwdBf16Record<E, kFast, kHD>)
-        store_bf16x4(reinterpret_cast<__nv_bfloat16*>(rec) + R.b_du + int64_t(i) * V + c0 + cc, x);
-      else
-        *reinterpret_cast<float4*>(rec + R.du + int64_t(i) * V + c0 + cc) = x;
+      *reinterpret_cast<float4*>(rec + R.du + int64_t(i) * V + c0 + cc) = x;
     }
     const float gCd = KLA_MUTANT(bwd_carry_no_gamma) ? 1.f : gC;
     for (int idx = tid; idx < K * (VS / 4); idx += kBwdThreads) {  // gamma_C dS + Y

@@ -111,15 +111,6 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 x) {
   *reinterpret_cast<uint2*>(dst) = make_uint2(round_bf16x2(x.x, x.y), round_bf16x2(x.z, x.w));
 }
 
-/// bwd_store_rows with the values rounded to bf16 (nearest): the record's bf16 tiles
-/// (bwd_runs_bf16_input_grads).
-__device__ __forceinline__ void bwd_store_rows_bf16(__nv_bfloat16* dst, int64_t dp,
-                                                    const float* src, int sp, int rows, int W) {
-  for (GridWalk at(W / 4, threadIdx.x, blockDim.x); at.i < rows; at.next())
-    store_bf16x4(dst + at.i * dp + 4 * at.c,
-                 *reinterpret_cast<const float4*>(src + at.i * sp + 4 * at.c));
-}
-
 /// x[i][.] *= f[i] for rows [0, rows) of a [rows][W] shared matrix of pitch `pitch` (W and pitch
 /// multiples of 4): one warp per row, a float4 per lane.
 __device__ __forceinline__ void bwd_scale_rows(float* x, int pitch, int rows, int W,
