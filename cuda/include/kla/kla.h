@@ -287,11 +287,11 @@ KLA_API size_t kla_workspace_size(const kla_params* p);
  * than the 16-bit operands of the peers' backward), 11-14% faster, except that for bf16 at
  * K = V = 128 the prep and both state scans run on bf16 tensor cores (the raw inputs exact, the
  * scaled operands split into two bf16 parts: below about 2^-16 a product, finer than TF32) and
- * the input gradients take one-part bf16 operands (below 2^-8), in about 0.55 of ACCURATE's time with every gradient still no further from float64
- * than FLA's backward (H100; docs/accuracy.md has both contracts' measured errors beside FLA's,
- * docs/performance.md the times); what the forward
- * would save (each chunk's incoming state) is recomputed here into the workspace, whose size
- * kla_backward_workspace_size reports ((2 K V + 64 (5 K + 2 V) + 5120) * 4 bytes per 64-token
+ * the input gradients take one-part bf16 operands (below 2^-8), in about 0.55 of ACCURATE's
+ * time with every gradient still no further from float64 than FLA's backward (docs/accuracy.md
+ * has both contracts' measured errors beside FLA's, docs/performance.md the times); what the
+ * forward would save (each chunk's incoming state) is recomputed here into the workspace, whose
+ * size kla_backward_workspace_size reports ((2 K V + 64 (5 K + 2 V) + 5120) * 4 bytes per 64-token
  * chunk and value head). Deterministic (no atomics), no allocation, no host synchronisation.
  * Head dims up to 128 (a larger one is KLA_ERROR_UNSUPPORTED_HEAD_DIM). */
 typedef struct kla_backward_params {
