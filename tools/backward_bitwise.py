@@ -5,9 +5,9 @@
   KLA_CUDA_LIBRARY=NEW.so python3 tools/backward_bitwise.py run new.pt
   python3 tools/backward_bitwise.py compare old.pt new.pt
 
-`run` (on a GPU, PYTHONPATH=python) calls kla's forward and autograd backward on eight fixed
+`run` (on a GPU, PYTHONPATH=python) calls kla's forward and autograd backward on ten fixed
 problems in each arithmetic (ACCURATE, FAST): fp32 / bf16 / fp16, K = V = 128 and four other head
-dims, grouped value heads, packed sequences with an empty and a one-token sequence, both
+dims, grouped value heads (groups of 1 to 16), packed sequences with an empty and a one-token sequence, both
 coefficients, an initial state and the final state's gradient; it saves o, the final state and
 every input's gradient. `compare` (anywhere with torch) reports each tensor that differs in one
 bit (NaN where NaN) and exits 1 if any does. A kernel change meant to keep the arithmetic
@@ -30,6 +30,8 @@ def cases():
         (torch.float16, 2000, 2, 4, 128, 128, [0, 1, 900, 2000], False),
         (torch.float32, 1500, 2, 2, 128, 128, None, True),
         (torch.bfloat16, 700, 2, 2, 64, 64, None, False),
+        (torch.bfloat16, 1000, 1, 3, 128, 128, [0, 77, 1000], True),  # groups of 3
+        (torch.bfloat16, 600, 1, 16, 128, 128, None, False),  # 16: more than a cluster holds
     ]
 
 

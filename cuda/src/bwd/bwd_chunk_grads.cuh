@@ -188,19 +188,30 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_group_sum_kernel(const BwdPar
   if (cs >= sr.len) return;
   const int L = int(sr.len - cs < C ? sr.len - cs : C);
   const BwdRecord R(K, p.V);
-  for (int idx = threadIdx.x; idx < L * K; idx += kBwdThreads) {
+  // Four consecutive elements of a row a thread (K is a multiple of 16; the record's rows are
+  // 16-byte aligned), so that each load moves 16 bytes; each element's sum in value-head order.
+#pragma unroll 2
+  for (int idx = 4 * int(threadIdx.x); idx < L * K; idx += 4 * kBwdThreads) {
     const int i = idx / K, r = idx % K;
-    float sq = 0.f, sk = 0.f;
+    float4 sq = make_float4(0.f, 0.f, 0.f, 0.f), sk = sq;
     for (int j = 0; j < bp.group; ++j) {
       const float* rec = bwd_record(bp, n, sr, c, h * bp.group + j);
-      sq += rec[R.dq + idx];
-      sk += rec[R.dk + idx];
+      const float4 a = *reinterpret_cast<const float4*>(rec + R.dq + idx);
+      const float4 b = *reinterpret_cast<const float4*>(rec + R.dk + idx);
+      sq.x += a.x, sq.y += a.y, sq.z += a.z, sq.w += a.w;
+      sk.x += b.x, sk.y += b.y, sk.z += b.z, sk.w += b.w;
     }
     const int64_t t = sr.t0 + cs + i;
-    static_cast<E*>(bp.dq)[sr.b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2] + r] =
-        Dtype<E>::from_float(sq);
-    static_cast<E*>(bp.dk)[sr.b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2] + r] =
-        Dtype<E>::from_float(sk);
+    E* const dq =
+        static_cast<E*>(bp.dq) + sr.b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2];
+    E* const dk =
+        static_cast<E*>(bp.dk) + sr.b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2];
+    const float q4[4] = {sq.x, sq.y, sq.z, sq.w}, k4[4] = {sk.x, sk.y, sk.z, sk.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      dq[r + e] = Dtype<E>::from_float(q4[e]);
+      dk[r + e] = Dtype<E>::from_float(k4[e]);
+    }
   }
 }
 
