@@ -12,9 +12,10 @@ of o and of the final state. Each library runs its chunk_gated_delta_rule (beta 
 peers' computation) through torch.autograd; "bwd" is the backward alone (torch.autograd.backward
 on a retained graph, replayed), "fwd+bwd" both. Medians of CUDA-event timings after warm-up.
 "kla FAST" is the same call with arithmetic='fast' (the backward's products on one TF32 part
-an operand, and at this case's shapes, bf16 with K = V = 128, its prep and state scan on bf16
-tensor cores with split operands and its input gradients on bf16 operands: kla.h). kla's forward saves nothing but its inputs; its backward recomputes each
-chunk's state into the workspace (kla_backward_workspace_size, reported).
+an operand, and at this case's shapes, bf16 with K = V = 128, its prep and both state scans on
+bf16 tensor cores with split operands and its input gradients on bf16 operands: kla.h). kla's
+forward saves nothing but its inputs; its backward recomputes each chunk's state into the
+workspace (kla_backward_workspace_size, reported).
 
 Accuracy (--accuracy, on by default): on a smaller problem, each gradient of kla's and FLA's
 bf16 backward against float64 gradients of the same rounded inputs (kla.torch_impl, autograd in

@@ -272,10 +272,9 @@ def render_backward(w, bwd, docs, note):
     fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
     if fast:
         w("kla FAST: the same call with `arithmetic=\"fast\"` (here bf16 at K = V = 128: the "
-          "prep and the state scan on bf16 tensor cores with the raw inputs exact and the "
-          "scaled operands split in two parts, the input gradients on one-part bf16 operands, "
-          "the state-gradient scan on one TF32 part an operand; docs/accuracy.md, 'Backward', "
-          "has its errors beside FLA's).")
+          "prep and both state scans on bf16 tensor cores with the raw inputs exact and the "
+          "scaled operands split in two parts, the input gradients on one-part bf16 operands; "
+          "docs/accuracy.md, 'Backward', has its errors beside FLA's).")
         w("")
     w("| case | kla bwd ms |" + (" kla FAST bwd ms |" if fast else "") + " FLA bwd ms | "
       "kla fwd+bwd ms |" + (" kla FAST fwd+bwd ms |" if fast else "") + " FLA fwd+bwd ms | "

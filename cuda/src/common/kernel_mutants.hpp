@@ -15,7 +15,7 @@ enum class KernelMutant : int {
   beta_eps_zero,              // common/kernel_common.cuh: at eps = 0, beta uses |k|^2 + 2^-20
   transposed_rescale_missed,  // scan/wy_scan_transposed.cuh: fp16 state rows not rescaled
   tf32_fast_grade,            // scan/tf32_scan.cuh: K, Q and the state operand at 16 bits
-  bwd_carry_no_gamma,         // bwd/bwd_state_scans.cuh: the state gradient's carry not decayed
+  bwd_carry_no_gamma,         // bwd/bwd_state_*: the state gradient's carry not decayed
   fast_in_accurate,           // launch/launch_wy.cuh: the transposed scan's FAST kernel always
   wy_column_scale_missed,     // scan/wy_scan.cuh: fp16 X's column scale not undone in the state
   bwd_fast_in_accurate,       // bwd/bwd_launch.cuh: the backward's FAST products for every call
