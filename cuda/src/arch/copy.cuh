@@ -39,6 +39,22 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ---- programmatic dependent launch (sm_90; no-ops before) ------------------------------------
+/// Lets the grid launched after this one with programmatic stream serialization start (once every
+/// block of this grid has called it or exited).
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+/// Waits until the grids this one was launched programmatically after have completed and their
+/// memory is visible.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ---- sm_90 bulk copies (global -> shared) completing on an mbarrier --------------------------
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {

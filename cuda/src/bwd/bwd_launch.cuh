@@ -30,6 +30,44 @@ cudaError_t bwd_launch(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& 
   return cudaGetLastError();
 }
 
+/// bwd_launch for the second of two kernels that may run side by side on sm_90 and later:
+/// programmatic dependent launch (the kernel may start once every block of the one before has
+/// started; it waits for that grid at its end, griddepcontrol.wait), both kernels preferring the
+/// largest shared-memory carve-out so that a block of each fits one multiprocessor. Earlier GPUs
+/// (no such launch; 164 KB or less a multiprocessor) run it after the first, as bwd_launch, and
+/// so does a stream being captured into a CUDA graph: the programmatic edge a capture would record
+/// is not yet among what the GPU tests check (docs/prefill_notes.md, round 2 session 14).
+template <class First, class Second>
+cudaError_t bwd_launch_beside(First first, Second kernel, dim3 grid, int64_t smem,
+                              const BwdParams& bp, cudaStream_t stream) {
+  int device = 0, major = 0;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaGetDevice(&device)) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device))
+    return e;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture)) return e;
+  if (major < 9 || capture != cudaStreamCaptureStatusNone)
+    return bwd_launch(kernel, grid, smem, bp, stream);
+  for (cudaError_t e :
+       {cudaFuncSetAttribute(first, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             int(cudaSharedmemCarveoutMaxShared)),
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             int(cudaSharedmemCarveoutMaxShared)),
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem))})
+    if (e != cudaSuccess) return e;
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(kBwdThreads));
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, bp);
+}
+
 template <class E, int VS, bool kFast, int kHD>
 cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   const KernelParams& p = bp.f;
@@ -50,8 +88,8 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   }
   what = "the backward state-gradient scan";
   if constexpr (kBwdBf16Record<E, kFast, kHD>)
-    return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(), bp,
-                      stream);
+    return bwd_launch_beside(bwd_state_forward_bf16_kernel<E>, bwd_state_backward_bf16_kernel<E>,
+                             scans, bwd_state_backward_bf16_smem(), bp, stream);
   else
     return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
 }

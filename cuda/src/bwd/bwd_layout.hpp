@@ -138,23 +138,36 @@ constexpr int64_t bwd_grads_smem(int K) {
 }
 
 /// The bf16 state scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
-/// (bwd/bwd_state_forward_bf16.cuh): two copy stages of W hi, lo and the raw keys [C][K + 8] bf16,
+/// (bwd/bwd_state_forward_bf16.cuh): one copy stage of W hi, lo and the raw keys [C][K + 8] bf16,
 /// the U0 slice [C][VS + 4] fp32, G and kscale [C]; then S hi, lo [K][VS + 8] and the scaled U
 /// hi, lo [C][VS + 8] bf16.
 constexpr int64_t bwd_state_forward_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
-  return 2 * (2 * 3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
-         4 * 2 * (C * bwd_pitch(VS) + 2 * C);
+  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
+         4 * (C * bwd_pitch(VS) + 2 * C);
 }
 /// The bf16 state-gradient scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
-/// (bwd/bwd_state_backward_bf16.cuh): two copy stages of W hi, lo and the raw keys [C][K + 8] bf16,
+/// (bwd/bwd_state_backward_bf16.cuh): one copy stage of the raw keys and W hi, lo [C][K + 8] bf16,
 /// the X [C][VS + 4] and Y [K][VS + 4] slices fp32, G and kscale [C]; then dS hi, lo [K][VS + 8]
 /// and dU hi, lo [C][VS + 8] bf16.
 constexpr int64_t bwd_state_backward_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
-  return 2 * (2 * 3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
-         4 * 2 * ((C + K) * bwd_pitch(VS) + 2 * C);
+  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
+         4 * ((C + K) * bwd_pitch(VS) + 2 * C);
 }
+/// The two bf16 scans run side by side (bwd/bwd_launch.cuh: the state-gradient scan launched
+/// programmatically after the state scan, which it does not read): a block of each fits one
+/// multiprocessor, in shared memory (227 KB a multiprocessor, 1 KB of it reserved a block) and in
+/// registers (each kernel capped, __maxnreg__, so that 256 threads of each fit the 64 K of the
+/// register file).
+constexpr int64_t kSmemPerMultiprocessor = 227 * 1024, kSmemReservedPerBlock = 1024;
+constexpr int kBwdStateForwardBf16Regs = 104, kBwdStateBackwardBf16Regs = 152;
+static_assert((kBwdStateForwardBf16Regs + kBwdStateBackwardBf16Regs) * kBwdThreads <= 65536,
+              "a block of each bf16 scan in one register file");
+constexpr bool bwd_scans_share_multiprocessors =
+    bwd_state_forward_bf16_smem() + bwd_state_backward_bf16_smem() + 2 * kSmemReservedPerBlock <=
+    kSmemPerMultiprocessor;
+static_assert(bwd_scans_share_multiprocessors, "a block of each bf16 scan on one multiprocessor");
 /// Whether the input gradients run bwd/bwd_input_grads_bf16.cuh (bf16 operands) instead of
 /// bwd/bwd_chunk_grads.cuh: arithmetic FAST, bf16 storage, K = V = kBwdCompiledHeadDim. The prep
 /// and the scans then write the record's bf16 tiles (BwdRecord::b_*).

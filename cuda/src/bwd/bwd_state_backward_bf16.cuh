@@ -9,8 +9,8 @@
 // with k^ = ks k (the record's kscale), X = M^T dY and Y = Q^^T diag(e^G) dY from the prep (fp32).
 // Each warp keeps 16 rows of the dS slice in fp32 registers for the whole sequence (the mma
 // accumulators of the update); dS and dU reach the products as split bf16 tiles in shared memory.
-// Per chunk the block copies in (cp.async, two stages) W's two parts (BwdRecord::b_wh / b_wl),
-// the raw keys, the X and Y slices, G and kscale; it writes dS (the gradient of the chunk's
+// Per chunk the block copies in (cp.async) W's two parts (BwdRecord::b_wh / b_wl), the raw keys,
+// the X and Y slices, G and kscale; it writes dS (the gradient of the chunk's
 // outgoing state) and dU to the record in bf16 for bwd/bwd_input_grads_bf16.cuh, their only
 // reader in this configuration, and at the end d(initial state) in fp32.
 //
@@ -25,7 +25,7 @@
 namespace kla::kernels {
 
 template <class E>
-__global__ void __launch_bounds__(kBwdThreads, 1)
+__global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
     bwd_state_backward_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
@@ -40,18 +40,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int64_t rstep = bwd_record_step(bp);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-  // Shared memory (bwd_state_backward_bf16_smem): stage st: W hi, W lo, raw K [C][PB] bf16, X
-  // [C][PU] and Y [K][PU] fp32, G [C], kscale [C]; then dS hi, lo [K][PS] and -dU hi, lo [C][PS]
-  // bf16.
+  // Shared memory (bwd_state_backward_bf16_smem): one copy stage in two cp.async groups, the keys'
+  // (the raw keys [C][PB] bf16, the X [C][PU] and Y [K][PU] slices, G, kscale [C] fp32: read by dU
+  // and gamma_C dS + Y) and W's (W hi, lo [C][PB] bf16: read by the update), each refilled for the
+  // next chunk as soon as its readers are done; then dS hi, lo [K][PS] and -dU hi, lo [C][PS]
+  // bf16. One stage (111 KB) fits beside a block of the state scan
+  // (bwd_scans_share_multiprocessors).
   extern __shared__ float4 smem4[];
-  constexpr int kStageBytes = 2 * 3 * C * PB + 4 * ((C + K) * PU + 2 * C);
-  char* const stages = reinterpret_cast<char*>(smem4);
-  bf16* const Dh = reinterpret_cast<bf16*>(stages + 2 * kStageBytes);
+  bf16* const Kr = reinterpret_cast<bf16*>(smem4);
+  float* const X = reinterpret_cast<float*>(Kr + C * PB);
+  float* const Y = X + C * PU;
+  float* const Gs = Y + K * PU;
+  float* const ks = Gs + C;
+  bf16* const Wh = reinterpret_cast<bf16*>(ks + C);
+  bf16* const Wl = Wh + C * PB;
+  bf16* const Dh = Wl + C * PB;
   bf16* const Dl = Dh + K * PS;
   bf16* const Uh = Dl + K * PS;
   bf16* const Ul = Uh + C * PS;
-  auto stage_w = [&](int st) { return reinterpret_cast<bf16*>(stages + st * kStageBytes); };
-  auto stage_x = [&](int st) { return reinterpret_cast<float*>(stage_w(st) + 3 * C * PB); };
 
   // The warp's rows of the dS slice (i0s = 16 warp, all VS columns) and its 16 x 16 tile of dU.
   const int i0s = 16 * warp, i0u = (warp >> 1) * 16, n0u = (warp & 1) * 16;
@@ -68,41 +74,31 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const E* kraw = static_cast<const E*>(p.k);
   const int nch = int((sr.len + C - 1) / C);
-  auto issue = [&](int st, int ch) {
+  auto issue_k = [&](int ch) {  // the raw keys, X, Y, G, kscale of chunk ch
     const float* rec = rec0 + ch * rstep;
-    const bf16* rb = reinterpret_cast<const bf16*>(rec);
-    bf16* w = stage_w(st);
-    float* x = stage_x(st);
     const int64_t cs = int64_t(ch) * C;
     const int L = int(sr.len - cs < C ? sr.len - cs : C);
-    cp_tile_bf16<K>(w, PB, rb + R.b_wh, C);
-    cp_tile_bf16<K>(w + C * PB, PB, rb + R.b_wl, C);
-    cp_input_rows(w + 2 * C * PB, PB, kraw, p.ks, sr.b, sr.t0 + cs, blk.h, L);
-    bwd_cp_rows(x, PU, rec + R.du + c0, V, C, VS);
-    bwd_cp_rows(x + C * PU, PU, rec + R.ds + c0, V, K, VS);
-    bwd_cp_rows(x + (C + K) * PU, C, rec + R.sc + kScG * C, C, 1, C);
-    bwd_cp_rows(x + (C + K) * PU + C, C, rec + R.sc + kScKscale * C, C, 1, C);
+    cp_input_rows(Kr, PB, kraw, p.ks, sr.b, sr.t0 + cs, blk.h, L);
+    bwd_cp_rows(X, PU, rec + R.du + c0, V, C, VS);
+    bwd_cp_rows(Y, PU, rec + R.ds + c0, V, K, VS);
+    bwd_cp_rows(Gs, C, rec + R.sc + kScG * C, C, 1, C);
+    bwd_cp_rows(ks, C, rec + R.sc + kScKscale * C, C, 1, C);
     cp_commit();
   };
-  if (nch > 0) issue(0, nch - 1);
+  auto issue_w = [&](int ch) {  // W's parts of chunk ch
+    const bf16* rb = reinterpret_cast<const bf16*>(rec0 + ch * rstep);
+    cp_tile_bf16<K>(Wh, PB, rb + R.b_wh, C);
+    cp_tile_bf16<K>(Wl, PB, rb + R.b_wl, C);
+    cp_commit();
+  };
+  if (nch > 0) issue_k(nch - 1);
   for (int step = 0; step < nch; ++step) {
-    const int ch = nch - 1 - step, st = step & 1;
+    const int ch = nch - 1 - step;
     bf16* const rb = reinterpret_cast<bf16*>(rec0 + ch * rstep);
-    const bf16* const Wh = stage_w(st);
-    const bf16* const Wl = Wh + C * PB;
-    const bf16* const Kr = Wl + C * PB;
-    const float* const X = stage_x(st);
-    const float* const Y = X + C * PU;
-    const float* const Gs = Y + K * PU;
-    const float* const ks = Gs + C;
-    __syncthreads();  // the previous chunk is done with stage st ^ 1, Uh and Ul
-    if (ch > 0) {
-      issue(st ^ 1, ch - 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();  // stage st and dS's split tiles visible
+    __syncthreads();  // the previous update is done with W and -dU; dS's split tiles written
+    issue_w(ch);
+    cp_wait<1>();     // the keys' group of chunk ch (W may still be in flight)
+    __syncthreads();  // K, X, Y, G, kscale and dS's split tiles visible
     // dS (the chunk's outgoing state's gradient) to the record in bf16: its hi part, rounded to
     // nearest.
     for (int idx = tid; idx < K * (VS / 8); idx += kBwdThreads) {
@@ -140,7 +136,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         s[j][2 * h] = fmaf(gCd, s[j][2 * h], y.x);
         s[j][2 * h + 1] = fmaf(gCd, s[j][2 * h + 1], y.y);
       }
-    __syncthreads();  // -dU complete; every warp done reading dS's split tiles
+    cp_wait<0>();
+    __syncthreads();  // W and -dU complete; the keys' group and dS's split tiles read
+    if (ch > 0) issue_k(ch - 1);
     warp_tile_mma<true, false>(s, Wh, PB, i0s, Uh, PS, 0, C);  // - W^T dU: hi hi
     warp_tile_mma<true, false>(s, Wh, PB, i0s, Ul, PS, 0, C);  // hi lo
     warp_tile_mma<true, false>(s, Wl, PB, i0s, Uh, PS, 0, C);  // lo hi
@@ -154,6 +152,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const int r = i0s + g + 8 * (e >> 1), c = c0 + 8 * j + 2 * t + (e & 1);
         bp.dh0[head * KV + int64_t(r) * V + c] = s[j][e];
       }
+  // Launched to run beside the state scan (programmatic dependent launch, bwd_launch.cuh): this
+  // grid completes only once that one has and its writes are visible, so that the kernels after
+  // it, ordered after this grid alone, see both scans' records.
+  grid_dependency_wait();
 }
 
 }  // namespace kla::kernels

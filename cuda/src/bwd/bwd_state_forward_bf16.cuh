@@ -6,9 +6,9 @@
 //   S <- gamma_C S + K^T (diag(Gamma_C. ks) U)   K the raw keys (exact), the scaled U split
 // with k^ = ks k (the record's kscale). Each warp keeps 16 rows of the state slice in fp32
 // registers for the whole sequence (the mma accumulators of the update); S and the scaled U reach
-// the products as split bf16 tiles in shared memory. Per chunk the block copies in (cp.async, two
-// stages) W's two parts (the prep writes them, BwdRecord::b_wh / b_wl), the raw keys, the U0
-// slice, G and kscale; it writes S (entering the chunk) and U to the record in bf16 for
+// the products as split bf16 tiles in shared memory. Per chunk the block copies in (cp.async) W's
+// two parts (the prep writes them, BwdRecord::b_wh / b_wl), the raw keys, the U0 slice, G and
+// kscale; it writes S (entering the chunk) and U to the record in bf16 for
 // bwd/bwd_input_grads_bf16.cuh, their only reader in this configuration.
 //
 // Precision: a split operand errs below 2^-18 relative (bwd_bf16::split_bf16x2), the dropped
@@ -23,7 +23,7 @@
 namespace kla::kernels {
 
 template <class E>
-__global__ void __launch_bounds__(kBwdThreads, 1)
+__global__ void __maxnreg__(kBwdStateForwardBf16Regs)
     bwd_state_forward_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
@@ -38,17 +38,26 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int64_t rstep = bwd_record_step(bp);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-  // Shared memory (bwd_state_forward_bf16_smem): stage st: W hi, W lo, raw K [C][PB] bf16, U0
-  // [C][PU] fp32, G [C], kscale [C]; then S hi, lo [K][PS] and the scaled U hi, lo [C][PS] bf16.
+  // Shared memory (bwd_state_forward_bf16_smem): one copy stage in two cp.async groups, W's (W hi,
+  // W lo [C][PB] bf16, the U0 slice [C][PU], G, kscale [C] fp32: read by U = U0 - W S) and the
+  // raw keys' (K [C][PB] bf16: read by the update), each refilled for the next chunk as soon as
+  // its readers are done; then S hi, lo [K][PS] and the scaled U hi, lo [C][PS] bf16. One stage
+  // (92 KB) leaves room on a multiprocessor for a block of the state-gradient scan beside it
+  // (bwd_scans_share_multiprocessors).
   extern __shared__ float4 smem4[];
-  constexpr int kStageBytes = 2 * 3 * C * PB + 4 * (C * PU + 2 * C);
-  char* const stages = reinterpret_cast<char*>(smem4);
-  bf16* const Sh = reinterpret_cast<bf16*>(stages + 2 * kStageBytes);
+  bf16* const Wh = reinterpret_cast<bf16*>(smem4);
+  bf16* const Wl = Wh + C * PB;
+  float* const U0 = reinterpret_cast<float*>(Wl + C * PB);
+  float* const Gs = U0 + C * PU;
+  float* const ks = Gs + C;
+  bf16* const Kr = reinterpret_cast<bf16*>(ks + C);
+  bf16* const Sh = Kr + C * PB;
   bf16* const Sl = Sh + K * PS;
   bf16* const Uh = Sl + K * PS;
   bf16* const Ul = Uh + C * PS;
-  auto stage_w = [&](int st) { return reinterpret_cast<bf16*>(stages + st * kStageBytes); };
-  auto stage_u0 = [&](int st) { return reinterpret_cast<float*>(stage_w(st) + 3 * C * PB); };
+  // The state-gradient scan, launched after this one (bwd_launch.cuh), may start now: it reads
+  // nothing this kernel writes.
+  grid_launch_dependents();
 
   // The warp's rows of the state slice (i0s = 16 warp, all VS columns) and its 16 x 16 tile of U.
   const int i0s = 16 * warp, i0u = (warp >> 1) * 16, n0u = (warp & 1) * 16;
@@ -64,39 +73,29 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const E* kraw = static_cast<const E*>(p.k);
   const int nch = int((sr.len + C - 1) / C);
-  auto issue = [&](int st, int ch) {
+  auto issue_w = [&](int ch) {  // W's parts, U0, G, kscale of chunk ch
     const float* rec = rec0 + ch * rstep;
     const bf16* rb = reinterpret_cast<const bf16*>(rec);
-    bf16* w = stage_w(st);
-    float* u0 = stage_u0(st);
-    const int64_t cs = int64_t(ch) * C;
-    const int L = int(sr.len - cs < C ? sr.len - cs : C);
-    cp_tile_bf16<K>(w, PB, rb + R.b_wh, C);
-    cp_tile_bf16<K>(w + C * PB, PB, rb + R.b_wl, C);
-    cp_input_rows(w + 2 * C * PB, PB, kraw, p.ks, sr.b, sr.t0 + cs, blk.h, L);
-    bwd_cp_rows(u0, PU, rec + R.u + c0, V, C, VS);
-    bwd_cp_rows(u0 + C * PU, C, rec + R.sc + kScG * C, C, 1, C);
-    bwd_cp_rows(u0 + C * PU + C, C, rec + R.sc + kScKscale * C, C, 1, C);
+    cp_tile_bf16<K>(Wh, PB, rb + R.b_wh, C);
+    cp_tile_bf16<K>(Wl, PB, rb + R.b_wl, C);
+    bwd_cp_rows(U0, PU, rec + R.u + c0, V, C, VS);
+    bwd_cp_rows(Gs, C, rec + R.sc + kScG * C, C, 1, C);
+    bwd_cp_rows(ks, C, rec + R.sc + kScKscale * C, C, 1, C);
     cp_commit();
   };
-  if (nch > 0) issue(0, 0);
+  auto issue_k = [&](int ch) {  // the raw keys of chunk ch
+    const int64_t cs = int64_t(ch) * C;
+    const int L = int(sr.len - cs < C ? sr.len - cs : C);
+    cp_input_rows(Kr, PB, kraw, p.ks, sr.b, sr.t0 + cs, blk.h, L);
+    cp_commit();
+  };
+  if (nch > 0) issue_w(0);
   for (int ch = 0; ch < nch; ++ch) {
-    const int st = ch & 1;
     bf16* const rb = reinterpret_cast<bf16*>(rec0 + ch * rstep);
-    const bf16* const Wh = stage_w(st);
-    const bf16* const Wl = Wh + C * PB;
-    const bf16* const Kr = Wl + C * PB;
-    const float* const U0 = stage_u0(st);
-    const float* const Gs = U0 + C * PU;
-    const float* const ks = Gs + C;
-    __syncthreads();  // the previous chunk is done with stage st ^ 1, Uh and Ul
-    if (ch + 1 < nch) {
-      issue(st ^ 1, ch + 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();  // stage st and S's split tiles visible
+    __syncthreads();  // the previous update is done with K and the scaled U; S's tiles written
+    issue_k(ch);
+    cp_wait<1>();     // W's group of chunk ch (the keys may still be in flight)
+    __syncthreads();  // W, U0, G, kscale and S's split tiles visible
     // S entering the chunk to the record in bf16: its hi part is S rounded to nearest.
     for (int idx = tid; idx < K * (VS / 8); idx += kBwdThreads) {
       const int r = idx / (VS / 8), c8 = (idx % (VS / 8)) * 8;
@@ -127,7 +126,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] *= gC;
-    __syncthreads();  // the scaled U complete; every warp done reading S's split tiles
+    cp_wait<0>();
+    __syncthreads();  // the keys and the scaled U complete; W's group and S's tiles read
+    if (ch + 1 < nch) issue_w(ch + 1);
     warp_tile_mma<true, false>(s, Kr, PB, i0s, Uh, PS, 0, C);  // + K^T (Gamma ks U), hi part
     warp_tile_mma<true, false>(s, Kr, PB, i0s, Ul, PS, 0, C);  // lo part
     store_tile_split(Sh, Sl, PS, i0s, 0, s);
