@@ -87,11 +87,17 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
     }
   }
   what = "the backward state-gradient scan";
-  if constexpr (kBwdBf16Record<E, kFast, kHD>)
+  if constexpr (kBwdBf16Record<E, kFast, kHD>) {
+    // Beside the state scan launched just above; with no chunks there is none, and the kernel
+    // before it in the stream is the caller's, whose writes (d_final_state) it reads at its start.
+    if (p.max_chunks == 0)
+      return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(),
+                        bp, stream);
     return bwd_launch_beside(bwd_state_forward_bf16_kernel<E>, bwd_state_backward_bf16_kernel<E>,
                              scans, bwd_state_backward_bf16_smem(), bp, stream);
-  else
+  } else {
     return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
+  }
 }
 
 template <class E, bool kFast, int kHD>
