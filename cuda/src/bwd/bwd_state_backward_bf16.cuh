@@ -3,16 +3,16 @@
 // bwd/bwd_state_scans.cuh (its file comment has the recurrence) on bf16 tensor cores, one block per
 // (sequence, value head, slice of VS = 32 value columns), 8 warps, from the last chunk to the
 // first:
-//   dU = diag(Gamma_C. ks) K dS + X     K the raw keys (exact), dS split hi + lo (two products)
-//   dS <- gamma_C dS + Y - W^T dU       W and dU split hi + lo (three products: hi hi, hi lo, lo
-//   hi)
+//   dU = diag(Gamma_C. ks) K dS + X    K the raw keys (exact), dS split hi + lo (two products)
+//   dS <- gamma_C dS + Y - W^T dU      W and dU split hi + lo (three: hi hi, hi lo, lo hi)
 // with k^ = ks k (the record's kscale), X = M^T dY and Y = Q^^T diag(e^G) dY from the prep (fp32).
 // Each warp keeps 16 rows of the dS slice in fp32 registers for the whole sequence (the mma
 // accumulators of the update); dS and dU reach the products as split bf16 tiles in shared memory.
 // Per chunk the block copies in (cp.async) W's two parts (BwdRecord::b_wh / b_wl), the raw keys,
-// the X and Y slices, G and kscale; it writes dS (the gradient of the chunk's
-// outgoing state) and dU to the record in bf16 for bwd/bwd_input_grads_bf16.cuh, their only
-// reader in this configuration, and at the end d(initial state) in fp32.
+// the X and Y slices, G and kscale; it writes dS (the gradient of the chunk's outgoing state) and
+// dU to the record in bf16 for bwd/bwd_input_grads_bf16.cuh, their only reader in this
+// configuration, and at the end d(initial state) in fp32. It reads nothing the state scan writes,
+// so on sm_90 it runs beside it (bwd_launch_beside).
 //
 // Precision as bwd/bwd_state_forward_bf16.cuh's: each product errs below about 2^-16 relative,
 // finer than the TF32 scan's one part an operand (2^-10); dS accumulates in fp32.
