@@ -30,16 +30,25 @@ cudaError_t bwd_launch(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& 
   return cudaGetLastError();
 }
 
-/// bwd_launch for the second of two kernels that may run side by side on sm_90 and later:
-/// programmatic dependent launch (the kernel may start once every block of the one before has
-/// started; it waits for that grid at its end, griddepcontrol.wait), both kernels preferring the
-/// largest shared-memory carve-out so that a block of each fits one multiprocessor. Earlier GPUs
-/// (no such launch; 164 KB or less a multiprocessor) run it after the first, as bwd_launch, and
-/// so does a stream being captured into a CUDA graph: the programmatic edge a capture would record
-/// is not yet among what the GPU tests check (docs/prefill_notes.md, round 2 session 14).
-template <class First, class Second>
-cudaError_t bwd_launch_beside(First first, Second kernel, dim3 grid, int64_t smem,
-                              const BwdParams& bp, cudaStream_t stream) {
+/// Asks for the largest shared-memory carve-out for a kernel, so that a block of it and one of
+/// the kernel launched beside it (bwd_launch_beside) fit one multiprocessor; set before either
+/// is launched.
+template <class Kernel>
+cudaError_t bwd_prefer_max_shared(Kernel kernel) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              int(cudaSharedmemCarveoutMaxShared));
+}
+
+/// bwd_launch for the second of two kernels that may run side by side on sm_90 and later (both
+/// given bwd_prefer_max_shared): programmatic dependent launch (the kernel may start once every
+/// block of the one before has started; it waits for that grid at its end,
+/// griddepcontrol.wait). Earlier GPUs (no such launch; 164 KB or less a multiprocessor) run it
+/// after the first, as bwd_launch, and so does a stream being captured into a CUDA graph: the
+/// programmatic edge a capture would record is not yet among what the GPU tests check
+/// (docs/prefill_notes.md, round 2 session 14).
+template <class Kernel>
+cudaError_t bwd_launch_beside(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& bp,
+                              cudaStream_t stream) {
   int device = 0, major = 0;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaError_t e = cudaGetDevice(&device)) return e;
@@ -48,13 +57,9 @@ cudaError_t bwd_launch_beside(First first, Second kernel, dim3 grid, int64_t sme
   if (cudaError_t e = cudaStreamIsCapturing(stream, &capture)) return e;
   if (major < 9 || capture != cudaStreamCaptureStatusNone)
     return bwd_launch(kernel, grid, smem, bp, stream);
-  for (cudaError_t e :
-       {cudaFuncSetAttribute(first, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             int(cudaSharedmemCarveoutMaxShared)),
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             int(cudaSharedmemCarveoutMaxShared)),
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem))})
-    if (e != cudaSuccess) return e;
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
+    return e;
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
@@ -77,6 +82,9 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
     what = "the backward state scan";
     if constexpr (kBwdBf16Record<E, kFast, kHD>) {
       static_assert(VS == 32, "the bf16 state scan's slice");
+      for (cudaError_t e : {bwd_prefer_max_shared(bwd_state_forward_bf16_kernel<E>),
+                            bwd_prefer_max_shared(bwd_state_backward_bf16_kernel<E>)})
+        if (e != cudaSuccess) return e;
       if (cudaError_t e = bwd_launch(bwd_state_forward_bf16_kernel<E>, scans,
                                      bwd_state_forward_bf16_smem(), bp, stream))
         return e;
@@ -93,8 +101,8 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
     if (p.max_chunks == 0)
       return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(),
                         bp, stream);
-    return bwd_launch_beside(bwd_state_forward_bf16_kernel<E>, bwd_state_backward_bf16_kernel<E>,
-                             scans, bwd_state_backward_bf16_smem(), bp, stream);
+    return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, scans,
+                             bwd_state_backward_bf16_smem(), bp, stream);
   } else {
     return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
   }

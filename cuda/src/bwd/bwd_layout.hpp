@@ -157,16 +157,16 @@ constexpr int64_t bwd_state_backward_bf16_smem() {
 }
 /// The two bf16 scans run side by side (bwd/bwd_launch.cuh: the state-gradient scan launched
 /// programmatically after the state scan, which it does not read): a block of each fits one
-/// multiprocessor, in shared memory (227 KB a multiprocessor, 1 KB of it reserved a block) and in
-/// registers (each kernel capped, __maxnreg__, so that 256 threads of each fit the 64 K of the
-/// register file).
-constexpr int64_t kSmemPerMultiprocessor = 227 * 1024, kSmemReservedPerBlock = 1024;
+/// multiprocessor, in shared memory (kSm90SmemPerMultiprocessor, each block reserving its share)
+/// and in registers (each kernel capped, __maxnreg__, so that 256 threads of each fit the 64 K of
+/// the register file).
 constexpr int kBwdStateForwardBf16Regs = 104, kBwdStateBackwardBf16Regs = 152;
 static_assert((kBwdStateForwardBf16Regs + kBwdStateBackwardBf16Regs) * kBwdThreads <= 65536,
               "a block of each bf16 scan in one register file");
-constexpr bool bwd_scans_share_multiprocessors =
-    bwd_state_forward_bf16_smem() + bwd_state_backward_bf16_smem() + 2 * kSmemReservedPerBlock <=
-    kSmemPerMultiprocessor;
+constexpr bool bwd_scans_share_multiprocessors = bwd_state_forward_bf16_smem() +
+                                                     bwd_state_backward_bf16_smem() +
+                                                     2 * kSm90SmemReservedPerBlock <=
+                                                 kSm90SmemPerMultiprocessor;
 static_assert(bwd_scans_share_multiprocessors, "a block of each bf16 scan on one multiprocessor");
 /// Whether the input gradients run bwd/bwd_input_grads_bf16.cuh (bf16 operands) instead of
 /// bwd/bwd_chunk_grads.cuh: arithmetic FAST, bf16 storage, K = V = kBwdCompiledHeadDim. The prep

@@ -25,6 +25,11 @@ namespace kla::layout {
 
 /// Tokens per chunk of the two-pass paths (TF32, WY).
 constexpr int kChunk = 64;
+/// Shared memory of a compute capability 9.0 multiprocessor: 228 KB, of which each resident block
+/// reserves 1 KB; the largest dynamic shared memory one block may opt into (the WY path, the
+/// backward's bf16 kernels) is the rest, 227 KB.
+constexpr int64_t kSm90SmemPerMultiprocessor = 228 * 1024, kSm90SmemReservedPerBlock = 1024;
+constexpr int64_t kSm90MaxSmem = kSm90SmemPerMultiprocessor - kSm90SmemReservedPerBlock;
 /// Threads of either prep kernel (prep/token_scalars.cuh is written for this count).
 constexpr int kPrepThreads = 256;
 

@@ -11,10 +11,6 @@
 
 namespace kla::layout {
 
-/// Largest dynamic shared memory a block may opt into on compute capability 9.0, the only one the
-/// WY path runs on.
-constexpr int64_t kSm90MaxSmem = 227 * 1024;
-
 /// Byte offset of element (i, j), j <= i's block, of a packed lower-triangular 64 x 64 bf16 tile:
 /// block (i / 16, j / 16) at index mi(mi+1)/2 + kb, inside it the four 8 x 8 matrices of an A
 /// fragment in ldmatrix order (rows 0-7 | 8-15 of columns 0-7, then of columns 8-15), rows of
