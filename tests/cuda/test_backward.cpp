@@ -733,9 +733,9 @@ std::vector<Case> cases_for(kla_dtype dt, kla_arithmetic arith) {
     add(k);
   }
   {  // many value heads at K = V = 128: the state scans' grid (3 sequences x 16 value heads x 4
-     // slices = 192 blocks) exceeds an H100's or H200's 132 multiprocessors, so under FAST in bf16
-     // the state-gradient scan runs its variant of two blocks a multiprocessor
-     // (bwd_dscan_two_a_multiprocessor); Kaczmarz with the q l2-norm, groups of 4
+     // slices = 192 blocks) exceeds an H100's or H200's 132 multiprocessors (under FAST in bf16 the
+     // two scans then share the multiprocessors in more than one wave); Kaczmarz with the q
+     // l2-norm, groups of 4
     Case k{"varlen_k128_heads16_qnorm", {}, Decay::mild, true, true};
     Config& c = k.cfg;
     c.B = 1, c.T = 110, c.H = 4, c.HV = 16, c.K = 128, c.V = 128;
@@ -941,8 +941,7 @@ TEST(CudaBackward, BitwiseDeterministic) {
 /// K = V = 128 (the compiled head dims; under FAST in bf16 the two scans run side by side through a
 /// programmatic edge on sm_90) and at K = V = 64 (the runtime-shape kernels), every dtype and both
 /// arithmetics, grouped heads (the key-head sums) and several chunks a sequence; 3 sequences x 16
-/// value heads x 4 slices = 192 scan blocks, so on an H100 / H200 the bf16 state-gradient scan runs
-/// its two-blocks-a-multiprocessor variant (bwd_dscan_two_a_multiprocessor).
+/// value heads x 4 slices = 192 scan blocks, more than an H100's or H200's multiprocessors.
 TEST(CudaBackward, GraphReplayMatchesDirectCall) {
   KLA_REQUIRE_GPU();
   for (int dim : {128, 64})

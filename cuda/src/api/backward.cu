@@ -15,8 +15,7 @@ namespace {
 using kla::detail::cat;
 using kla::detail::fail;
 
-kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
-                                           const kla::plan::DeviceInfo& dev) {
+kla::kernels::BwdParams translate_backward(const kla_backward_params& p) {
   const kla::plan::Problem pb = kla::plan::describe(p.forward);
   kla::plan::Plan plan;
   plan.num_seqs = pb.N;
@@ -49,7 +48,6 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
   b.rec_floats = kla::layout::BwdRecord(p.forward.head_dim_k, p.forward.head_dim_v).floats;
   b.group = int(p.forward.num_v_heads / p.forward.num_heads);
   b.fast = p.forward.arithmetic == KLA_ARITHMETIC_FAST ? 1 : 0;
-  b.multiprocessors = dev.sms;
   return b;
 }
 
@@ -72,7 +70,7 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
                 cat("kla_chunk_backward: the backward needs ", need,
                     " bytes of shared memory per block at K = ", K, ", V = ", V,
                     "; this device offers ", dev.max_smem));
-  const kla::kernels::BwdParams b = translate_backward(*p, dev);
+  const kla::kernels::BwdParams b = translate_backward(*p);
   const char* what = "the launch";
   const auto st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;

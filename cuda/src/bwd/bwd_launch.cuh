@@ -69,16 +69,6 @@ cudaError_t bwd_launch_beside(Kernel kernel, dim3 grid, int64_t smem, const BwdP
   return cudaLaunchKernelEx(&cfg, kernel, bp);
 }
 
-/// The bf16 state-gradient scan's variant for a grid of `scans` blocks: two blocks a
-/// multiprocessor where they exceed one a multiprocessor (bwd_dscan_two_a_multiprocessor), else
-/// one, beside the state scan's.
-template <class E>
-auto bwd_dscan_bf16_kernel(const BwdParams& bp, dim3 scans) {
-  return bwd_dscan_two_a_multiprocessor(scans.x, bp.multiprocessors)
-             ? bwd_state_backward_bf16_kernel<E, kBwdStateBackwardBf16RegsTwo>
-             : bwd_state_backward_bf16_kernel<E, kBwdStateBackwardBf16Regs>;
-}
-
 template <class E, int VS, bool kFast, int kHD>
 cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   const KernelParams& p = bp.f;
@@ -89,7 +79,7 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
     if constexpr (kBwdBf16Record<E, kFast, kHD>) {
       static_assert(VS == 32, "the bf16 state scan's slice");
       for (cudaError_t e : {bwd_prefer_max_shared(bwd_state_forward_bf16_kernel<E>),
-                            bwd_prefer_max_shared(bwd_dscan_bf16_kernel<E>(bp, scans))})
+                            bwd_prefer_max_shared(bwd_state_backward_bf16_kernel<E>)})
         if (e != cudaSuccess) return e;
       if (cudaError_t e = bwd_launch(bwd_state_forward_bf16_kernel<E>, scans,
                                      bwd_state_forward_bf16_smem(), bp, stream))
@@ -104,10 +94,11 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   if constexpr (kBwdBf16Record<E, kFast, kHD>) {
     // Beside the state scan launched just above; with no chunks there is none, and the kernel
     // before it in the stream is the caller's, whose writes (d_final_state) it reads at its start.
-    const auto dscan = bwd_dscan_bf16_kernel<E>(bp, scans);
     if (p.max_chunks == 0)
-      return bwd_launch(dscan, scans, bwd_state_backward_bf16_smem(), bp, stream);
-    return bwd_launch_beside(dscan, scans, bwd_state_backward_bf16_smem(), bp, stream);
+      return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(),
+                        bp, stream);
+    return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, scans,
+                             bwd_state_backward_bf16_smem(), bp, stream);
   } else {
     return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
   }

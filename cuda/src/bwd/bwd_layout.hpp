@@ -163,24 +163,11 @@ constexpr int64_t bwd_state_backward_bf16_smem() {
 constexpr int kBwdStateForwardBf16Regs = 104, kBwdStateBackwardBf16Regs = 152;
 static_assert((kBwdStateForwardBf16Regs + kBwdStateBackwardBf16Regs) * kBwdThreads <= 65536,
               "a block of each bf16 scan in one register file");
-/// Where the state-gradient scan has more blocks than the device has multiprocessors
-/// (bwd_dscan_two_a_multiprocessor), its variant capped at 128 registers runs two of its blocks a
-/// multiprocessor instead: two chains of dependent steps interleaved, where the 152-register one,
-/// a little faster alone, runs one (docs/prefill_notes.md, round 2 session 15).
-constexpr int kBwdStateBackwardBf16RegsTwo = 128;
-static_assert(2 * kBwdStateBackwardBf16RegsTwo * kBwdThreads <= 65536,
-              "two blocks of the bf16 state-gradient scan in one register file");
-constexpr bool bwd_dscan_two_a_multiprocessor(int64_t blocks, int multiprocessors) {
-  return blocks > multiprocessors;
-}
 constexpr bool bwd_scans_share_multiprocessors = bwd_state_forward_bf16_smem() +
                                                      bwd_state_backward_bf16_smem() +
                                                      2 * kSm90SmemReservedPerBlock <=
                                                  kSm90SmemPerMultiprocessor;
 static_assert(bwd_scans_share_multiprocessors, "a block of each bf16 scan on one multiprocessor");
-static_assert(2 * (bwd_state_backward_bf16_smem() + kSm90SmemReservedPerBlock) <=
-                  kSm90SmemPerMultiprocessor,
-              "two blocks of the bf16 state-gradient scan on one multiprocessor");
 /// Whether the input gradients run bwd/bwd_input_grads_bf16.cuh (bf16 operands) instead of
 /// bwd/bwd_chunk_grads.cuh: arithmetic FAST, bf16 storage, K = V = kBwdCompiledHeadDim. The prep
 /// and the scans then write the record's bf16 tiles (BwdRecord::b_*).

@@ -28,7 +28,6 @@ struct BwdParams {
   int64_t rec_floats;
   int group;  // HV / H
   int fast;   // 1: the forward's arithmetic is FAST (one-part products, bwd/block_gemm.cuh)
-  int multiprocessors;  // the device's (the launcher's choice of the state-gradient scan's variant)
 };
 
 }  // namespace kla::kernels

@@ -24,11 +24,9 @@
 
 namespace kla::kernels {
 
-// kRegs: kBwdStateBackwardBf16Regs (one block a multiprocessor, beside the state scan's) or
-// kBwdStateBackwardBf16RegsTwo (two blocks a multiprocessor; bwd_dscan_two_a_multiprocessor). The
-// same arithmetic in the same order: the gradients are bitwise the same.
-template <class E, int kRegs>
-__global__ void __maxnreg__(kRegs) bwd_state_backward_bf16_kernel(const BwdParams bp) {
+template <class E>
+__global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
+    bwd_state_backward_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
   __builtin_assume(blockDim.x == kBwdThreads);             // the launcher's (bwd_launch.cuh)
