@@ -22,6 +22,7 @@ enum class KernelMutant : int {
   bwd_fast_bf16_operands,     // bwd/block_gemm.cuh: FAST's operands rounded to bf16, not TF32
   bwd_bf16_truncated,         // bwd/bwd_tiles.cuh: the bf16 input gradients' tiles truncated
   bwd_prep_split_hi_only,     // bwd/bwd_warp_tile_bf16.cuh: bf16 split operands without lo
+  bwd_sums_default_stream,    // bwd/bwd_launch.cuh: the key-head sums on the legacy stream
   count
 };
 
@@ -38,7 +39,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_fast_in_accurate",
                                                      "bwd_fast_bf16_operands",
                                                      "bwd_bf16_truncated",
-                                                     "bwd_prep_split_hi_only"};
+                                                     "bwd_prep_split_hi_only",
+                                                     "bwd_sums_default_stream"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
