@@ -145,7 +145,8 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
     what = "the backward key-head sums";
     const dim3 heads(unsigned(p.max_chunks), unsigned(p.H), unsigned(p.N));
     // The kernel mutant bwd_sums_default_stream launches them on the legacy default stream, not
-    // the caller's: the same for a call on stream 0, outside a graph captured from another one.
+    // the caller's: no difference for a call on stream 0, but a graph captured on another stream
+    // misses them.
     const cudaStream_t sums_stream =
         KLA_HOST_MUTANT(bwd_sums_default_stream) ? cudaStream_t(nullptr) : stream;
     if (cudaError_t e = bwd_launch(bwd_group_sum_kernel<E>, heads, 0, bp, sums_stream)) return e;
