@@ -70,7 +70,8 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
                 cat("kla_chunk_backward: the backward needs ", need,
                     " bytes of shared memory per block at K = ", K, ", V = ", V,
                     "; this device offers ", dev.max_smem));
-  const kla::kernels::BwdParams b = translate_backward(*p);
+  kla::kernels::BwdParams b = translate_backward(*p);
+  b.programmatic = dev.cc_major >= 9 ? 1 : 0;
   const char* what = "the launch";
   const auto st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;

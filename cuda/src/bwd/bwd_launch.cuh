@@ -20,12 +20,16 @@
 
 namespace kla::kernels {
 
+/// Lets a kernel take `smem` bytes of dynamic shared memory (set before each launch).
+template <class Kernel>
+cudaError_t bwd_allow_smem(Kernel kernel, int64_t smem) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+}
+
 template <class Kernel>
 cudaError_t bwd_launch(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& bp,
                        cudaStream_t stream, int threads = kBwdThreads) {
-  cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (e != cudaSuccess) return e;
+  if (cudaError_t e = bwd_allow_smem(kernel, smem)) return e;
   kernel<<<grid, threads, size_t(smem), stream>>>(bp);
   return cudaGetLastError();
 }
@@ -40,28 +44,23 @@ cudaError_t bwd_prefer_max_shared(Kernel kernel) {
 }
 
 /// bwd_launch for the second of two kernels that may run side by side on sm_90 and later (both
-/// given bwd_prefer_max_shared): programmatic dependent launch (the kernel may start once every
-/// block of the one before has started; it waits for that grid at its end,
-/// griddepcontrol.wait). A stream being captured into a CUDA graph records the launch as a
-/// programmatic edge (test CudaBackward.GraphReplayMatchesDirectCall). Earlier GPUs (no such
-/// launch; 164 KB or less a multiprocessor) run it after the first, as bwd_launch.
+/// given bwd_prefer_max_shared; BwdParams::programmatic, from the entry point's device query):
+/// programmatic dependent launch (the kernel may start once every block of the one before has
+/// started; it waits for that grid at its end, griddepcontrol.wait). A stream being captured into
+/// a CUDA graph records the launch as a programmatic edge (test
+/// CudaBackward.GraphReplayMatchesDirectCall). Earlier GPUs (no such launch; 164 KB or less a
+/// multiprocessor) run it after the first, as bwd_launch.
 template <class Kernel>
 cudaError_t bwd_launch_beside(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& bp,
-                              cudaStream_t stream) {
-  int device = 0, major = 0;
-  if (cudaError_t e = cudaGetDevice(&device)) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device))
-    return e;
-  if (major < 9) return bwd_launch(kernel, grid, smem, bp, stream);
-  if (cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))
-    return e;
+                              cudaStream_t stream, int threads) {
+  if (!bp.programmatic) return bwd_launch(kernel, grid, smem, bp, stream, threads);
+  if (cudaError_t e = bwd_allow_smem(kernel, smem)) return e;
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(unsigned(kBwdThreads));
+  cfg.blockDim = dim3(unsigned(threads));
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   cfg.attrs = &pdl;
@@ -77,12 +76,13 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   if (p.max_chunks > 0) {
     what = "the backward state scan";
     if constexpr (kBwdBf16Record<E, kFast, kHD>) {
-      static_assert(VS == 32, "the bf16 state scan's slice");
       for (cudaError_t e : {bwd_prefer_max_shared(bwd_state_forward_bf16_kernel<E>),
                             bwd_prefer_max_shared(bwd_state_backward_bf16_kernel<E>)})
         if (e != cudaSuccess) return e;
-      if (cudaError_t e = bwd_launch(bwd_state_forward_bf16_kernel<E>, scans,
-                                     bwd_state_forward_bf16_smem(), bp, stream))
+      const dim3 state_scan(unsigned(int64_t(p.N) * p.HV * (p.V / kBwdStateForwardBf16Slice)));
+      if (cudaError_t e =
+              bwd_launch(bwd_state_forward_bf16_kernel<E>, state_scan,
+                         bwd_state_forward_bf16_smem(), bp, stream, kBwdStateForwardBf16Threads))
         return e;
     } else {
       if (cudaError_t e =
@@ -92,13 +92,15 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   }
   what = "the backward state-gradient scan";
   if constexpr (kBwdBf16Record<E, kFast, kHD>) {
+    const dim3 dscan(unsigned(int64_t(p.N) * p.HV * (p.V / kBwdStateBackwardBf16Slice)));
     // Beside the state scan launched just above; with no chunks there is none, and the kernel
     // before it in the stream is the caller's, whose writes (d_final_state) it reads at its start.
     if (p.max_chunks == 0)
-      return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(),
-                        bp, stream);
-    return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, scans,
-                             bwd_state_backward_bf16_smem(), bp, stream);
+      return bwd_launch(bwd_state_backward_bf16_kernel<E>, dscan, bwd_state_backward_bf16_smem(),
+                        bp, stream, kBwdStateBackwardBf16Threads);
+    return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, dscan,
+                             bwd_state_backward_bf16_smem(), bp, stream,
+                             kBwdStateBackwardBf16Threads);
   } else {
     return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
   }

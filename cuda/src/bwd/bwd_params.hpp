@@ -26,8 +26,9 @@ struct BwdParams {
   float* dh0;  // [N,HV,K,V] or null
   float* ws;   // records (bwd_layout.hpp)
   int64_t rec_floats;
-  int group;  // HV / H
-  int fast;   // 1: the forward's arithmetic is FAST (one-part products, bwd/block_gemm.cuh)
+  int group;         // HV / H
+  int fast;          // 1: the forward's arithmetic is FAST (one-part products, bwd/block_gemm.cuh)
+  int programmatic;  // 1: the device launches programmatically (sm_90 and later; bwd_launch.cuh)
 };
 
 }  // namespace kla::kernels
