@@ -960,15 +960,22 @@ TEST(CudaBackward, GraphReplayMatchesDirectCall) {
         const std::string what = std::string(dtype_name(dt)) + " " + arithmetic_name(arith) +
                                  " K = V = " + std::to_string(dim);
 
+        // Owned, so that a failed assertion below frees them too.
         cudaStream_t s;
         KLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> own_s(s,
+                                                                               cudaStreamDestroy);
         cudaGraph_t graph;
         KLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
         const kla_status st = kla_chunk_backward(&bp, s);
         KLA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        const std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> own_graph(graph,
+                                                                                 cudaGraphDestroy);
         ASSERT_EQ(st, KLA_SUCCESS) << what << ": " << kla_last_error_message();
         cudaGraphExec_t exec;
         KLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        const std::unique_ptr<CUgraphExec_st, decltype(&cudaGraphExecDestroy)> own_exec(
+            exec, cudaGraphExecDestroy);
         for (int rep = 0; rep < 3; ++rep) {
           dev.fill_outputs(0xFF);
           KLA_CUDA_CHECK(cudaGraphLaunch(exec, s));
@@ -979,9 +986,6 @@ TEST(CudaBackward, GraphReplayMatchesDirectCall) {
                 << kGradNames[g] << " of replay " << rep << " differs from the direct call, "
                 << what << " " << rerun_hint();
         }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        cudaStreamDestroy(s);
       }
 }
 

@@ -52,15 +52,15 @@ cudaError_t bwd_prefer_max_shared(Kernel kernel) {
 /// multiprocessor) run it after the first, as bwd_launch.
 template <class Kernel>
 cudaError_t bwd_launch_beside(Kernel kernel, dim3 grid, int64_t smem, const BwdParams& bp,
-                              cudaStream_t stream, int threads) {
-  if (!bp.programmatic) return bwd_launch(kernel, grid, smem, bp, stream, threads);
+                              cudaStream_t stream) {
+  if (!bp.programmatic) return bwd_launch(kernel, grid, smem, bp, stream);
   if (cudaError_t e = bwd_allow_smem(kernel, smem)) return e;
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(unsigned(threads));
+  cfg.blockDim = dim3(unsigned(kBwdThreads));
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   cfg.attrs = &pdl;
@@ -76,13 +76,12 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   if (p.max_chunks > 0) {
     what = "the backward state scan";
     if constexpr (kBwdBf16Record<E, kFast, kHD>) {
+      static_assert(VS == 32, "the bf16 state scan's slice");
       for (cudaError_t e : {bwd_prefer_max_shared(bwd_state_forward_bf16_kernel<E>),
                             bwd_prefer_max_shared(bwd_state_backward_bf16_kernel<E>)})
         if (e != cudaSuccess) return e;
-      const dim3 state_scan(unsigned(int64_t(p.N) * p.HV * (p.V / kBwdStateForwardBf16Slice)));
-      if (cudaError_t e =
-              bwd_launch(bwd_state_forward_bf16_kernel<E>, state_scan,
-                         bwd_state_forward_bf16_smem(), bp, stream, kBwdStateForwardBf16Threads))
+      if (cudaError_t e = bwd_launch(bwd_state_forward_bf16_kernel<E>, scans,
+                                     bwd_state_forward_bf16_smem(), bp, stream))
         return e;
     } else {
       if (cudaError_t e =
@@ -92,15 +91,13 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   }
   what = "the backward state-gradient scan";
   if constexpr (kBwdBf16Record<E, kFast, kHD>) {
-    const dim3 dscan(unsigned(int64_t(p.N) * p.HV * (p.V / kBwdStateBackwardBf16Slice)));
     // Beside the state scan launched just above; with no chunks there is none, and the kernel
     // before it in the stream is the caller's, whose writes (d_final_state) it reads at its start.
     if (p.max_chunks == 0)
-      return bwd_launch(bwd_state_backward_bf16_kernel<E>, dscan, bwd_state_backward_bf16_smem(),
-                        bp, stream, kBwdStateBackwardBf16Threads);
-    return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, dscan,
-                             bwd_state_backward_bf16_smem(), bp, stream,
-                             kBwdStateBackwardBf16Threads);
+      return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(),
+                        bp, stream);
+    return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, scans,
+                             bwd_state_backward_bf16_smem(), bp, stream);
   } else {
     return bwd_launch(bwd_state_backward_kernel<E, VS, kFast, kHD>, scans, smem, bp, stream);
   }

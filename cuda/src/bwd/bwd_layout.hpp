@@ -137,39 +137,31 @@ constexpr int64_t bwd_grads_smem(int K) {
   return 4 * (acc + mats + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdCarryParts);
 }
 
-/// The bf16 state scan's block (bwd/bwd_state_forward_bf16.cuh): 32 value columns, two warps per
-/// 16 of them (each warp's S^T is 16 columns x K / 2 keys of fp32 accumulators).
-constexpr int kBwdStateForwardBf16Slice = 32, kBwdStateForwardBf16Threads = 128;
-/// Bytes of the bf16 scans' shared memory shared by both: W hi, lo and the raw keys [C][K + 8]
-/// bf16, G and kscale [C] fp32, each warp's part of a [16][C] product (C / 2 x 32 fp32), and the
-/// out tiles [K][VS + 8] and [C][VS + 8] bf16.
-constexpr int64_t bwd_bf16_scan_common_smem(int VS, int threads) {
-  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
-  return 2 * (3 * C * (K + 8) + (K + C) * (VS + 8)) + 4 * (2 * C + (threads / 32) * (C / 2) * 32);
-}
-/// The state scan's shared memory (bytes), K = V = kBwdCompiledHeadDim: one copy stage of W hi, lo,
-/// the raw keys, G and kscale; the parts; the out tiles S and U.
+/// The bf16 state scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
+/// (bwd/bwd_state_forward_bf16.cuh): one copy stage of W hi, lo and the raw keys [C][K + 8] bf16,
+/// the U0 slice [C][VS + 4] fp32, G and kscale [C]; then S hi, lo [K][VS + 8] and the scaled U
+/// hi, lo [C][VS + 8] bf16.
 constexpr int64_t bwd_state_forward_bf16_smem() {
-  return bwd_bf16_scan_common_smem(kBwdStateForwardBf16Slice, kBwdStateForwardBf16Threads);
+  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
+  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
+         4 * (C * bwd_pitch(VS) + 2 * C);
 }
-/// The bf16 state-gradient scan's block (bwd/bwd_state_backward_bf16.cuh), as the state scan's.
-constexpr int kBwdStateBackwardBf16Slice = 32, kBwdStateBackwardBf16Threads = 128;
-/// Its shared memory (bytes): the state scan's, and the X [C][VS + 4] and Y [K][VS + 4] slices
-/// (fp32) in its copy stage.
+/// The bf16 state-gradient scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
+/// (bwd/bwd_state_backward_bf16.cuh): one copy stage of the raw keys and W hi, lo [C][K + 8] bf16,
+/// the X [C][VS + 4] and Y [K][VS + 4] slices fp32, G and kscale [C]; then dS hi, lo [K][VS + 8]
+/// and dU hi, lo [C][VS + 8] bf16.
 constexpr int64_t bwd_state_backward_bf16_smem() {
-  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = kBwdStateBackwardBf16Slice;
-  return bwd_bf16_scan_common_smem(int(VS), kBwdStateBackwardBf16Threads) +
-         4 * (C + K) * bwd_pitch(int(VS));
+  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
+  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
+         4 * ((C + K) * bwd_pitch(VS) + 2 * C);
 }
 /// The two bf16 scans run side by side (bwd/bwd_launch.cuh: the state-gradient scan launched
 /// programmatically after the state scan, which it does not read): a block of each fits one
 /// multiprocessor, in shared memory (kSm90SmemPerMultiprocessor, each block reserving its share)
-/// and in registers (each kernel capped, __maxnreg__, so that a block of each fits the 64 K of the
-/// register file).
-constexpr int kBwdStateForwardBf16Regs = 255, kBwdStateBackwardBf16Regs = 255;
-static_assert(kBwdStateForwardBf16Regs * kBwdStateForwardBf16Threads +
-                      kBwdStateBackwardBf16Regs * kBwdStateBackwardBf16Threads <=
-                  65536,
+/// and in registers (each kernel capped, __maxnreg__, so that 256 threads of each fit the 64 K of
+/// the register file).
+constexpr int kBwdStateForwardBf16Regs = 104, kBwdStateBackwardBf16Regs = 152;
+static_assert((kBwdStateForwardBf16Regs + kBwdStateBackwardBf16Regs) * kBwdThreads <= 65536,
               "a block of each bf16 scan in one register file");
 constexpr bool bwd_scans_share_multiprocessors = bwd_state_forward_bf16_smem() +
                                                      bwd_state_backward_bf16_smem() +
