@@ -4,17 +4,62 @@ The library validates the host copy (cu_seqlens_host, state_indices_host) and it
 the device copy. Given on the CPU, the values need no synchronisation: the device copy is an
 asynchronous copy from pinned memory. Given on the device, the host copy costs one
 device-to-host copy (it waits for the stream), unless the caller also passes the host copy
-(cu_seqlens_cpu / ssm_state_indices_cpu). During CUDA-graph capture a device-to-host copy is
+(cu_seqlens_cpu / ssm_state_indices_cpu), or the same tensor was copied before and is unchanged
+since: the copy is remembered for the tensor object and its version counter (which every torch
+operation writing the tensor bumps), so the backward of a forward, or the layers of a model given
+one cu_seqlens, wait for one copy, not one each (values written into the tensor by other means,
+which leave the counter as it was, are not seen: pass the host copy then). During CUDA-graph
+capture a device-to-host copy is
 impossible: then the values must come on the CPU. A CPU tensor captured in a graph is copied from
 a pinned buffer that is kept for the life of the process (one per distinct set of values), so the
 graph bakes those values in: every replay uses the captured values.
 """
 import threading
+import weakref
 
 import torch
 
 _baked = {}  # (name, values) -> pinned int32 CPU tensor read by captured copies; never freed
 _baked_lock = threading.Lock()
+# id(device tensor) -> (weak reference to it, its version counter then, its int32 host copy); an
+# entry goes when its tensor does.
+_copies = {}
+_copies_lock = threading.Lock()
+
+
+def _version(t):
+    """t's version counter, or None where it has none (inference-mode tensors)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def remembered_host(t):
+    """The host copy remembered for tensor t (remember_host), if t is that tensor and unchanged
+    since (the same version counter); else None."""
+    entry = _copies.get(id(t))
+    if entry is None or entry[0]() is not t:
+        return None
+    version = _version(t)
+    return entry[2] if version is not None and version == entry[1] else None
+
+
+def remember_host(t, host):
+    """Remembers `host` as the host copy of tensor t at its current version (not for tensors
+    without a version counter)."""
+    version = _version(t)
+    if version is None:
+        return
+    key = id(t)
+
+    def forget(ref, key=key):
+        with _copies_lock:
+            if key in _copies and _copies[key][0] is ref:
+                del _copies[key]
+
+    with _copies_lock:
+        _copies[key] = (weakref.ref(t, forget), version, host)
 
 
 def _capturing():
@@ -63,4 +108,8 @@ def host_and_device(t, t_cpu, device, name):
             f"the host copy the library validates cannot be made (a device-to-host copy): pass "
             f"{name} on the CPU (the graph then bakes those values in), or pass its CPU copy as "
             f"{name}_cpu=")
-    return dev.cpu(), dev
+    host = remembered_host(t)
+    if host is None:
+        host = dev.cpu()
+        remember_host(t, host)
+    return host, dev

@@ -182,6 +182,34 @@ def test_varlen_cu_seqlens_forms(fn):
     check(o1, ro, dtype, s1, rt)
 
 
+def test_device_cu_seqlens_copied_once_per_version(monkeypatch):
+    """A CUDA cu_seqlens without its CPU copy: one device-to-host copy serves the forward and its
+    backward and every later call with the tensor unchanged; an in-place change (which bumps its
+    version counter) is copied again and the call uses the new lengths."""
+    copies = []
+    cpu = torch.Tensor.cpu
+
+    def counting_cpu(self, *a, **kw):
+        copies.append(self.shape)
+        return cpu(self, *a, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    T, H, HV, K, V = 200, 2, 4, 128, 128
+    q, k, v, g, eta = inputs(1, T, H, HV, K, V, torch.bfloat16, seed=9)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, g, eta)]
+    cu = torch.tensor([0, 70, 200], dtype=torch.int32, device=DEV)
+    o, _ = kla.chunk_kla(*leaves, cu_seqlens=cu)
+    o.float().square().sum().backward()
+    o2, _ = kla.chunk_kla(q, k, v, g, eta, cu_seqlens=cu)
+    assert len(copies) == 1, f"{len(copies)} device-to-host copies of cu_seqlens, expected 1"
+    assert torch.equal(o2, o.detach())
+    cu.copy_(torch.tensor([0, 150, 200], dtype=torch.int32))  # new lengths, same tensor
+    o3, _ = kla.chunk_kla(q, k, v, g, eta, cu_seqlens=cu)
+    assert len(copies) == 2, "the changed cu_seqlens was not copied again"
+    ref, _ = kla.chunk_kla(q, k, v, g, eta, cu_seqlens=torch.tensor([0, 150, 200]))
+    assert torch.equal(o3, ref) and not torch.equal(o3, o2)
+
+
 def test_state_pool_with_skips():
     B, T, H, HV, K, V = 3, 2, 2, 4, 64, 128
     dtype = torch.bfloat16

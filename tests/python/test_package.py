@@ -140,3 +140,31 @@ def test_kernel_on_cpu_tensors_says_cuda(lib):
     q = torch.zeros(1, 4, 1, 64)
     with pytest.raises(ValueError, match="CUDA tensors; q is on cpu"):
         kla.chunk_kla(q, q, q)
+
+
+def test_host_copy_remembered_per_tensor_and_version():
+    """kla._indices remembers a host copy for one tensor object at one version: the same unchanged
+    tensor gets it back, an in-place change or another tensor of the same values does not, and the
+    entry goes with its tensor."""
+    import gc
+
+    from kla import _indices
+
+    t = torch.tensor([0, 3, 7], dtype=torch.int32)
+    host = t.clone()
+    assert _indices.remembered_host(t) is None
+    _indices.remember_host(t, host)
+    assert _indices.remembered_host(t) is host
+    assert _indices.remembered_host(t.clone()) is None
+    t.add_(1)
+    assert _indices.remembered_host(t) is None
+    _indices.remember_host(t, host)
+    key = id(t)
+    del t
+    gc.collect()
+    assert key not in _indices._copies
+    with torch.inference_mode():
+        u = torch.tensor([0, 1], dtype=torch.int32)
+    _indices.remember_host(u, u.clone())  # no version counter: nothing remembered
+    assert _indices.remembered_host(u) is None
+
