@@ -4,15 +4,16 @@ The library validates the host copy (cu_seqlens_host, state_indices_host) and it
 the device copy. Given on the CPU, the values need no synchronisation: the device copy is an
 asynchronous copy from pinned memory. Given on the device, the host copy costs one
 device-to-host copy (it waits for the stream), unless the caller also passes the host copy
-(cu_seqlens_cpu / ssm_state_indices_cpu), or the same tensor was copied before and is unchanged
-since: the copy is remembered for the tensor object and its version counter (which every torch
-operation writing the tensor bumps), so the backward of a forward, or the layers of a model given
-one cu_seqlens, wait for one copy, not one each (values written into the tensor by other means,
-which leave the counter as it was, are not seen: pass the host copy then). During CUDA-graph
-capture a device-to-host copy is
-impossible: then the values must come on the CPU. A CPU tensor captured in a graph is copied from
-a pinned buffer that is kept for the life of the process (one per distinct set of values), so the
-graph bakes those values in: every replay uses the captured values.
+(cu_seqlens_cpu / ssm_state_indices_cpu). For cu_seqlens (remember=True) the copy is remembered
+for the tensor object and its version counter (which every torch operation writing the tensor
+bumps): a later call with the same tensor unchanged reuses it, so the backward of a forward, or
+the layers of a model given one cu_seqlens, wait for one copy, not one each (values written into
+the tensor by other means, which leave the counter as it was, are not seen: pass the host copy
+then). Pool indices, which servers rewrite between steps, are copied every call. During CUDA-graph
+capture a device-to-host copy is impossible: then the values must come on the CPU. A CPU tensor
+captured in a graph is copied from a pinned buffer that is kept for the life of the process (one
+per distinct set of values), so the graph bakes those values in: every replay uses the captured
+values.
 """
 import threading
 import weakref
@@ -74,9 +75,11 @@ def _host_int32(t, name):
     return t.to(torch.int32).contiguous() if t.dtype != torch.int32 else t.contiguous()
 
 
-def host_and_device(t, t_cpu, device, name):
+def host_and_device(t, t_cpu, device, name, remember=False):
     """(host int32 CPU tensor, device int32 tensor on `device`) for `t` (CPU or CUDA, int32 or
-    int64), using `t_cpu` (the same values on the CPU) as the host copy where given."""
+    int64), using `t_cpu` (the same values on the CPU) as the host copy where given; remember:
+    a device-to-host copy is remembered for t and reused while t is unchanged (module
+    docstring)."""
     if t.device.type == "cpu":
         host = _host_int32(t, name)
         if device.type != "cuda":  # tests that build params on the CPU: no device copy
@@ -108,8 +111,9 @@ def host_and_device(t, t_cpu, device, name):
             f"the host copy the library validates cannot be made (a device-to-host copy): pass "
             f"{name} on the CPU (the graph then bakes those values in), or pass its CPU copy as "
             f"{name}_cpu=")
-    host = remembered_host(t)
+    host = remembered_host(t) if remember else None
     if host is None:
         host = dev.cpu()
-        remember_host(t, host)
+        if remember:
+            remember_host(t, host)
     return host, dev

@@ -71,7 +71,8 @@ def launch(kind, q, k, v, o, *, g=None, eta=None, eta_value=1.0, eps=0.0, scale=
     _require_cuda(dev)
     cu_host = cu_dev = idx_host = idx_dev = None
     if cu_seqlens is not None:
-        cu_host, cu_dev = host_and_device(cu_seqlens, cu_seqlens_cpu, dev, "cu_seqlens")
+        cu_host, cu_dev = host_and_device(cu_seqlens, cu_seqlens_cpu, dev, "cu_seqlens",
+                                         remember=True)
     if state_pool is not None:
         idx_host, idx_dev = host_and_device(state_indices, state_indices_cpu, dev,
                                             "ssm_state_indices")
@@ -208,7 +209,8 @@ def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, 
     dev = q.device
     cu_host = cu_dev = None
     if cu_seqlens is not None:
-        cu_host, cu_dev = host_and_device(cu_seqlens, cu_seqlens_cpu, dev, "cu_seqlens")
+        cu_host, cu_dev = host_and_device(cu_seqlens, cu_seqlens_cpu, dev, "cu_seqlens",
+                                         remember=True)
     do = do.to(v.dtype).contiguous()  # autograd may hand an expanded (stride 0) tensor
     if dht is not None:
         dht = dht.float().contiguous()
