@@ -23,6 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import _backward
 from . import _lib
@@ -211,8 +212,9 @@ def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, 
     if cu_seqlens is not None:
         cu_host, cu_dev = host_and_device(cu_seqlens, cu_seqlens_cpu, dev, "cu_seqlens",
                                          remember=True)
-    do = do.to(v.dtype).contiguous()  # autograd may hand an expanded (stride 0) tensor
-    if dht is not None:
+    if do.dtype != v.dtype or not do.is_contiguous():  # autograd may hand an expanded one
+        do = do.to(v.dtype).contiguous()
+    if dht is not None and (dht.dtype != torch.float32 or not dht.is_contiguous()):
         dht = dht.float().contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     empty = q.new_empty(0, dtype=torch.float32)
@@ -285,22 +287,61 @@ def _save_chunk(ctx, inputs, output):
     ctx.arithmetic = inputs[_TENSOR_INPUTS + 6]  # chunk_fwd's arithmetic: the backward's too
 
 
-def _backward_of_forward(ctx, do, dht):
-    """The gradients of chunk_fwd / recurrent_fwd's tensor inputs, through kla::chunk_bwd."""
+def _gradients(ctx, do, dht, backward):
+    """The gradients of chunk_fwd / recurrent_fwd's inputs (None for the non-tensor ones), from
+    what _save kept, by `backward` (chunk_bwd, or its implementation on the eager path)."""
     q, k, v, g, eta, h0, cu, cu_cpu = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(v)
     if dht is not None and dht.numel() == 0:  # no final state was asked for
         dht = None
-    dq, dk, dv, dg, deta, dh0 = chunk_bwd(q, k, v, g, eta, h0, cu, cu_cpu, *ctx.scalars, do, dht,
-                                          ctx.arithmetic)
+    dq, dk, dv, dg, deta, dh0 = backward(q, k, v, g, eta, h0, cu, cu_cpu, *ctx.scalars, do, dht,
+                                         ctx.arithmetic)
     grads = (dq, dk, dv, dg if g is not None else None, deta if eta is not None else None,
              dh0 if h0 is not None else None)
     return grads + (None,) * (ctx.num_inputs - len(grads))
 
 
+def _backward_of_forward(ctx, do, dht):
+    """The ops' autograd formula: _gradients through kla::chunk_bwd."""
+    return _gradients(ctx, do, dht, chunk_bwd)
+
+
 chunk_fwd.register_autograd(_backward_of_forward, setup_context=_save_chunk)
 recurrent_fwd.register_autograd(_backward_of_forward, setup_context=_save)
+
+
+class EagerAutograd(torch.autograd.Function):
+    """chunk_fwd / recurrent_fwd and their backward for plain eager calls that need a gradient:
+    the ops' autograd formula (_save, _gradients) with the implementations called directly. The
+    registered ops pass each call through the dispatcher and the custom op's Python autograd
+    wrapper, about 0.2 ms of host time before a backward's first kernel (docs/python.md), which in
+    eager training is idle GPU. api.py takes this path only for CUDA tensors outside
+    torch.compile, functorch transforms and dispatch modes (everything else: the ops). Grads of
+    the outputs are not materialised: an unused final state gives dht None, not a zero tensor.
+    No double backward (once_differentiable: differentiating the gradients raises)."""
+
+    @staticmethod
+    def forward(ctx, impl, setup, *args):
+        out = impl(*args)
+        setup(ctx, args, out)
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, dht):
+        return (None, None) + _gradients(ctx, do, dht, chunk_bwd_impl)
+
+
+def chunk_fwd_autograd(*args):
+    """chunk_fwd's arguments and results, through EagerAutograd."""
+    return EagerAutograd.apply(chunk_fwd_impl, _save_chunk, *args)
+
+
+def recurrent_fwd_autograd(*args):
+    """recurrent_fwd's arguments and results, through EagerAutograd."""
+    return EagerAutograd.apply(recurrent_fwd_impl, _save, *args)
 
 
 class NoBackward(torch.autograd.Function):

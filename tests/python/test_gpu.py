@@ -480,6 +480,60 @@ def test_cuda_graph_training_step(arithmetic):
         assert torch.equal(got, want), f"{arithmetic} {name}: the replay differs from eager"
 
 
+@pytest.mark.parametrize("fn", ["chunk_kla", "fused_recurrent_kla"])
+def test_eager_autograd_equals_the_op(fn, monkeypatch):
+    """A plain eager call that needs a gradient takes ops.EagerAutograd (the implementations
+    without the dispatcher); its outputs and every gradient are those of the registered op's
+    autograd formula bit for bit (the same arguments, recorded from the call), bf16 at
+    K = V = 128 under FAST with grouped heads and packed sequences, and differentiating its
+    gradients raises (no double backward)."""
+    import kla.ops as ops
+    T, H, HV, K, V = 200, 2, 4, 128, 128
+    q, k, v, g, eta = inputs(1, T, H, HV, K, V, torch.bfloat16, seed=66)
+    cu = torch.tensor([0, 70, 70, 200], dtype=torch.int32, device=DEV)
+    h0 = state0(3, HV, K, V)
+    gen = torch.Generator(device=DEV).manual_seed(67)
+    do = torch.randn(1, T, HV, V, device=DEV, generator=gen).to(torch.bfloat16)
+    dht = torch.randn(3, HV, K, V, device=DEV, generator=gen)
+    name = "chunk_fwd_autograd" if fn == "chunk_kla" else "recurrent_fwd_autograd"
+    recorded = []
+    through = getattr(ops, name)
+    monkeypatch.setattr(ops, name, lambda *a: recorded.append(a) or through(*a))
+    extra = {"arithmetic": "fast"} if fn == "chunk_kla" else {}
+
+    def run(call):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, eta, h0)]
+        o, final = call(leaves)
+        ((o.float() * do.float()).sum() + (final * dht).sum()).backward()
+        return o, final, [x.grad for x in leaves]
+
+    def eager(leaves):
+        o, final = getattr(kla, fn)(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                                    cu_seqlens=cu, **extra)
+        assert type(o.grad_fn).__name__ == "EagerAutogradBackward", type(o.grad_fn).__name__
+        return o, final
+
+    def op(leaves):  # the call's own arguments, with these leaves, through the registered op
+        o, final = getattr(torch.ops.kla, "chunk_fwd" if fn == "chunk_kla" else "recurrent_fwd")(
+            *leaves, *recorded[0][6:])
+        assert "kla_" in type(o.grad_fn).__name__, type(o.grad_fn).__name__
+        return o, final
+
+    got = run(eager)
+    assert len(recorded) == 1, f"{name} was not taken"
+    want = run(op)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "outputs differ"
+    for label, a, b in zip(("dq", "dk", "dv", "dg", "deta", "dh0"), got[2], want[2]):
+        assert a is not None and torch.equal(a, b), f"{fn} {label}: eager autograd != the op"
+
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, eta, h0)]
+    o, final = eager(leaves)
+    # o's gradient 2 o requires grad itself, so a second derivative is asked for
+    (dq,) = torch.autograd.grad(o.float().square().sum(), leaves[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.float().sum().backward()
+
+
 def test_inplace_decode_has_no_backward():
     q, k, v, g, eta = inputs(1, 1, 2, 2, 64, 64, torch.float32, seed=63)
     q.requires_grad_(True)
