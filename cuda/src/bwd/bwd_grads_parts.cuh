@@ -78,6 +78,19 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
   }
 }
 
+/// Where bwd_token_grads puts dq, dk of value head j of a group (bp.group > 1). Not `running`: in
+/// the head's own record (R.dq, R.dk), which bwd_group_sum_kernel sums afterwards. `running`: a
+/// running sum over the group in fp32, kept in the record of the group's first value head, by a
+/// block that runs the group's value heads one after another: head 0 writes 0 + x, the next ones
+/// sum + x, the last sum + x rounded to the output dtype, so each element is summed in value-head
+/// order from 0 as bwd_group_sum_kernel sums it (bitwise the same). Each element stays with one
+/// thread over the group (the same warp and lane in every head's pass), so the running sum needs
+/// no synchronisation beyond that thread's program order.
+struct BwdGroupPart {
+  bool running = false;
+  int j = 0;
+};
+
 /// The prologue backwards and the writes, one warp per token: from dq^ (dqh) and dk^ (dkh), [C]
 /// rows of pitch ph in shared memory, the keys k^ (kh, pitch pk: shared memory or the record; or,
 /// kRawKeys, fl(kscale k) from the raw row, bitwise the prep's k^),
@@ -87,12 +100,14 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
 ///   dv = vscale beta dR, dbeta = dbs + v^ . dR;
 ///   dk1 = s (dk^ - k^ (k^ . dk^ + beta v^ . dR)) (Kaczmarz) or dk^, then the qk l2-norm's chain.
 /// Lane l holds elements l + 32 m (m < kRowSlots), every global read of a token issued before any
-/// is used. dq, dk go to the record for grouped value heads (bwd_group_sum_kernel), else out.
+/// is used. dq, dk go out directly where a key head has one value head; for grouped value heads,
+/// as BwdGroupPart says.
 template <class E, bool kRawKeys = false>
 __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepTile& pt, float* rec,
                                                 int K, int V, const float* dqh, const float* dkh,
                                                 int ph, const float* kh, int pk, const float* beta,
-                                                const float* dGs, const float* dbs) {
+                                                const float* dGs, const float* dbs,
+                                                BwdGroupPart part = {}) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk;
   constexpr int kRowSlots = kBwdMaxHeadDim / 32;
@@ -104,14 +119,33 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
   const E* vb = static_cast<const E*>(p.v);
   E* dvb = static_cast<E*>(bp.dv);
   const float* rs = rec + R.sc;
-  const bool direct = bp.group == 1;
+  const bool direct = bp.group == 1, last = part.j == bp.group - 1;
+  // The group's first value head's record: a chunk's value heads' records are consecutive.
+  float* const sum = rec - int64_t(hv - h * bp.group) * bp.rec_floats;
+  const bool add = part.running && part.j > 0;  // a running sum to read (preloaded below)
+  // x for output element `out`, at `at` floats into a record (BwdGroupPart); `prev` the running
+  // sum there (0 for the group's first value head).
+  auto put = [&](E* out, int64_t at, float x, float prev) {
+    if (direct) {
+      *out = Dtype<E>::from_float(x);
+    } else if (!part.running) {
+      rec[at] = x;
+    } else {
+      // The kernel mutant bwd_running_sum_restarts drops the value heads before this one.
+      const float s = (KLA_MUTANT(bwd_running_sum_restarts) ? 0.f : prev) + x;
+      if (last)
+        *out = Dtype<E>::from_float(s);
+      else
+        sum[at] = s;
+    }
+  };
   for (int i = warp; i < L; i += nwarps) {
     const int64_t t = pt.tb + i, b = pt.sr.b;
     const E* qrow = qb + b * p.qs[0] + t * p.qs[1] + int64_t(h) * p.qs[2];
     const E* krow = kb + b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2];
     const E* vrow = vb + b * p.vs[0] + t * p.vs[1] + int64_t(hv) * p.vs[2];
     const float ks = rs[kScVscale * C + i];
-    float q0[kRowSlots], k0[kRowSlots], vh[kRowSlots], dr[kRowSlots];
+    float q0[kRowSlots], k0[kRowSlots], vh[kRowSlots], dr[kRowSlots], sq[kRowSlots], sk[kRowSlots];
 #pragma unroll
     for (int m = 0; m < kRowSlots; ++m) {
       const int r = lane + 32 * m;
@@ -119,6 +153,8 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       k0[m] = (kRawKeys || p.l2norm == 2) && r < K ? tof(krow[r]) : 0.f;
       vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;  // v^ = vscale v, as the prep computes it
       dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
+      sq[m] = add && r < K ? sum[R.dq + int64_t(i) * K + r] : 0.f;
+      sk[m] = add && r < K ? sum[R.dk + int64_t(i) * K + r] : 0.f;
     }
     const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
     const float kn = rs[kScKnorm * C + i], bi = beta[i];
@@ -135,11 +171,8 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       const int r = lane + 32 * m;
       if (r >= K) continue;
       const float x = qs * (dqh[i * ph + r] - q0[m] * qn * dot);
-      if (direct)
-        static_cast<E*>(bp.dq)[b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2] + r] =
-            Dtype<E>::from_float(x);
-      else
-        rec[R.dq + int64_t(i) * K + r] = x;
+      put(static_cast<E*>(bp.dq) + b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2] + r,
+          R.dq + int64_t(i) * K + r, x, sq[m]);
     }
     // dv = vscale dv^, dv^ = beta dR; dbeta += v^ . dR; the Kaczmarz share of dk:
     // t1 = k^.dk^ + v^.dv^.
@@ -172,11 +205,8 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       const int r = lane + 32 * m;
       if (r >= K) continue;
       const float x = p.l2norm == 2 ? kn * (dk1[m] - k0[m] * kn * t2) : dk1[m];
-      if (direct)
-        static_cast<E*>(bp.dk)[b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2] + r] =
-            Dtype<E>::from_float(x);
-      else
-        rec[R.dk + int64_t(i) * K + r] = x;
+      put(static_cast<E*>(bp.dk) + b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2] + r,
+          R.dk + int64_t(i) * K + r, x, sk[m]);
     }
     if (lane == 0) {
       if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + hv] = dGs[i];

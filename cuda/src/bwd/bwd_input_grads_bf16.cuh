@@ -1,7 +1,8 @@
 // Backward, pass 4 under arithmetic FAST for bf16 storage at K = V = 128
-// (bwd_runs_bf16_input_grads): bwd_input_grads_bf16_kernel, one block per (chunk, value head,
-// sequence), the same gradients as bwd/bwd_chunk_grads.cuh (its file comment has the math) with
-// every product of this pass on bf16 operands:
+// (bwd_runs_bf16_input_grads): bwd_input_grads_bf16_kernel, one block per (chunk, key head,
+// sequence) running the key head's value heads in turn and summing their dq, dk as it goes, the
+// same gradients as bwd/bwd_chunk_grads.cuh (its file comment has the math) with every product of
+// this pass on bf16 operands:
 //   dR = A^-T dU;  dY S^T, U dS^T, dR S^T (C x K);  dY U^T, dR U^T (C x C);  Q^K^^T, K^K^^T;
 //   dq^ = e^G o (dY S^T) + Pm K^,  dk^ = Gamma_C o (U dS^T) - e^G beta o (dR S^T) + Pm^T Q^ +
 //   Z K^ + Z^T K^.
@@ -30,19 +31,20 @@
 
 namespace kla::kernels {
 
+/// The gradients of one value head's chunk (pt, L > 0); dq, dk as `part` says (bwd_token_grads).
 template <class E>
-__global__ void __launch_bounds__(kBwdChunkThreads, 1)
-    bwd_input_grads_bf16_kernel(const BwdParams bp) {
+__device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, const PrepTile& pt,
+                                                          BwdGroupPart part) {
   using namespace bwd_bf16;
-  static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
-  __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
   const KernelParams& p = bp.f;
-  const PrepTile pt = prep_tile(p);
-  if (pt.L == 0) return;
   const int L = pt.L, hv = pt.hv;
   const BwdRecord R(K, V);
   float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  // The thread index read where it is used (asm volatile: not hoisted out of the kernel's loop
+  // over value heads, where every index derived from it would stay live across the pass).
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 
   // Shared memory (bwd_input_grads_bf16_smem). Region 0: dY, U, dU, dR [C][PB] bf16, then Q^K^^T,
   // K^K^^T [C][PC] fp32 and Pm, Z [C][PBC] bf16. Region 1: S, dS [K][PB] bf16, then dq^, dk^
@@ -243,7 +245,36 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   store_tile(dkh, PK, i0, n0, a2);
   __syncthreads();
 
-  bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs);
+  bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs, part);
+}
+
+/// prep_tile for value head hv of this block's chunk and sequence (the kernel's grid has key heads
+/// in y, which prep_tile reads as a value head: hv and its key head replace them).
+__device__ __forceinline__ PrepTile bwd_head_tile(const KernelParams& p, int hv) {
+  PrepTile t = prep_tile(p);
+  t.hv = hv;
+  t.h = key_head(p, hv);
+  return t;
+}
+
+/// Grid (chunk, key head, sequence): the key head's value heads one after another, dq and dk
+/// summed over them in value-head order as they go (BwdGroupPart's running sum), so no key-head
+/// sum kernel follows.
+template <class E>
+__global__ void __launch_bounds__(kBwdChunkThreads, 1)
+    bwd_input_grads_bf16_kernel(const BwdParams bp) {
+  static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
+  __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
+  const int h = int(blockIdx.y);
+  for (int j = 0; j < bp.group; ++j) {
+    const PrepTile pt = bwd_head_tile(bp.f, h * bp.group + j);
+    if (pt.L == 0) return;       // the same for every value head of the chunk
+    if (j > 0) __syncthreads();  // the previous value head's last reads of shared memory
+    BwdGroupPart part;
+    part.running = true;
+    part.j = j;
+    bwd_input_grads_bf16_head<E>(bp, pt, part);
+  }
 }
 
 }  // namespace kla::kernels

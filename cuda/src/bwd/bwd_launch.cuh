@@ -1,9 +1,10 @@
 // Launcher of the backward (kla_chunk_backward): prep, state scan, state-gradient scan, input
-// gradients, and (grouped value heads) the key heads' sums, on one stream, in the arithmetic the
-// call asked for (BwdParams::fast: the products of bwd/block_gemm.cuh; under FAST in bf16 at
-// K = V = 128 the prep, the state scan and the input gradients on bf16 tensor cores,
-// bwd_runs_bf16_input_grads), by the kernels compiled for the call's head dims (bwd_head_dim:
-// K = V = kBwdCompiledHeadDim, or any).
+// gradients, and for grouped value heads the key heads' sums (but after the bf16 input gradients,
+// which sum them themselves), on one stream, in the arithmetic the call asked for
+// (BwdParams::fast: the products of bwd/block_gemm.cuh; under FAST in bf16 at K = V = 128 the
+// prep, the state scan and the input gradients on bf16 tensor cores, bwd_runs_bf16_input_grads),
+// by the kernels compiled for the call's head dims (bwd_head_dim: K = V = kBwdCompiledHeadDim, or
+// any).
 // Decides nothing else: the sizes and shared memory come from bwd/bwd_layout.hpp.
 #pragma once
 
@@ -132,15 +133,15 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
   if (p.max_chunks == 0) return cudaSuccess;
   what = "the backward input gradients";
   if constexpr (kBwdBf16Record<E, kFast, kHD>) {
-    if (cudaError_t e = bwd_launch(bwd_input_grads_bf16_kernel<E>, chunks,
-                                   bwd_input_grads_bf16_smem(), bp, stream, kBwdChunkThreads))
-      return e;
+    // One block per key head, its value heads' dq, dk summed in the kernel: no sum kernel.
+    const dim3 heads(unsigned(p.max_chunks), unsigned(p.H), unsigned(p.N));
+    return bwd_launch(bwd_input_grads_bf16_kernel<E>, heads, bwd_input_grads_bf16_smem(), bp,
+                      stream, kBwdChunkThreads);
   } else {
     if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E, kFast, kHD>, chunks,
                                    bwd_grads_smem(p.K), bp, stream, kBwdChunkThreads))
       return e;
-  }
-  if (bp.group > 1) {
+    if (bp.group == 1) return cudaSuccess;
     what = "the backward key-head sums";
     const dim3 heads(unsigned(p.max_chunks), unsigned(p.H), unsigned(p.N));
     // The kernel mutant bwd_sums_default_stream launches them on the legacy default stream, not
@@ -148,9 +149,8 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
     // misses them.
     const cudaStream_t sums_stream =
         KLA_HOST_MUTANT(bwd_sums_default_stream) ? cudaStream_t(nullptr) : stream;
-    if (cudaError_t e = bwd_launch(bwd_group_sum_kernel<E>, heads, 0, bp, sums_stream)) return e;
+    return bwd_launch(bwd_group_sum_kernel<E>, heads, 0, bp, sums_stream);
   }
-  return cudaSuccess;
 }
 
 /// The backward in the call's arithmetic, with the kernels compiled for head dims kHD

@@ -23,6 +23,7 @@ enum class KernelMutant : int {
   bwd_bf16_truncated,         // bwd/bwd_tiles.cuh: the bf16 input gradients' tiles truncated
   bwd_prep_split_hi_only,     // bwd/bwd_warp_tile_bf16.cuh: bf16 split operands without lo
   bwd_sums_default_stream,    // bwd/bwd_launch.cuh: the key-head sums on the legacy stream
+  bwd_running_sum_restarts,   // bwd/bwd_grads_parts.cuh: each value head's dq, dk replace the sum
   count
 };
 
@@ -40,7 +41,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_fast_bf16_operands",
                                                      "bwd_bf16_truncated",
                                                      "bwd_prep_split_hi_only",
-                                                     "bwd_sums_default_stream"};
+                                                     "bwd_sums_default_stream",
+                                                     "bwd_running_sum_restarts"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
