@@ -315,8 +315,9 @@ class EagerAutograd(torch.autograd.Function):
     """chunk_fwd / recurrent_fwd and their backward for plain eager calls that need a gradient:
     the ops' autograd formula (_save, _gradients) with the implementations called directly. The
     registered ops pass each call through the dispatcher and the custom op's Python autograd
-    wrapper, about 0.2 ms of host time before a backward's first kernel (docs/python.md), which in
-    eager training is idle GPU. api.py takes this path only for CUDA tensors outside
+    wrapper: on an H100 a forward that needs a gradient spent 749 us of host time that way, 178
+    here, and a backward 914 us, 614 here (docs/python.md); in eager training the host time that
+    delays the next launch is idle GPU. api.py takes this path only for CUDA tensors outside
     torch.compile, functorch transforms and dispatch modes (everything else: the ops). Grads of
     the outputs are not materialised: an unused final state gives dht None, not a zero tensor.
     No double backward (once_differentiable: differentiating the gradients raises)."""
