@@ -120,8 +120,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
   E* dvb = static_cast<E*>(bp.dv);
   const float* rs = rec + R.sc;
   const bool direct = bp.group == 1, last = part.j == bp.group - 1;
-  // The group's first value head's record: a chunk's value heads' records are consecutive.
-  float* const sum = rec - int64_t(hv - h * bp.group) * bp.rec_floats;
+  float* const sum = bwd_record_of_head(bp, rec, hv, h * bp.group);  // the group's first head's
   const bool add = part.running && part.j > 0;  // a running sum to read (preloaded below)
   // x for output element `out`, at `at` floats into a record (BwdGroupPart); `prev` the running
   // sum there (0 for the group's first value head).

@@ -26,6 +26,13 @@ __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const S
   return bp.ws + (chunk_slot(bp.f, n, sr, c) * bp.f.HV + hv) * bp.rec_floats;
 }
 
+/// The record of value head `to` in the chunk whose record for value head `from` is rec: a chunk's
+/// value heads' records are consecutive (bwd_record).
+__device__ __forceinline__ float* bwd_record_of_head(const BwdParams& bp, float* rec, int from,
+                                                     int to) {
+  return rec - int64_t(from - to) * bp.rec_floats;
+}
+
 /// Floats from the record of chunk c to that of chunk c + 1 (one sequence, one value head): a
 /// sequence's chunk slots are consecutive (chunk_slot).
 __device__ __forceinline__ int64_t bwd_record_step(const BwdParams& bp) {
