@@ -15,7 +15,9 @@ namespace {
 using kla::detail::cat;
 using kla::detail::fail;
 
-kla::kernels::BwdParams translate_backward(const kla_backward_params& p) {
+/// The kernels' flat params for a validated call on device `dev`.
+kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
+                                           const kla::plan::DeviceInfo& dev) {
   const kla::plan::Problem pb = kla::plan::describe(p.forward);
   kla::plan::Plan plan;
   plan.num_seqs = pb.N;
@@ -48,6 +50,7 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p) {
   b.rec_floats = kla::layout::BwdRecord(p.forward.head_dim_k, p.forward.head_dim_v).floats;
   b.group = int(p.forward.num_v_heads / p.forward.num_heads);
   b.fast = p.forward.arithmetic == KLA_ARITHMETIC_FAST ? 1 : 0;
+  b.programmatic = dev.cc_major >= 9 ? 1 : 0;
   return b;
 }
 
@@ -70,8 +73,7 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
                 cat("kla_chunk_backward: the backward needs ", need,
                     " bytes of shared memory per block at K = ", K, ", V = ", V,
                     "; this device offers ", dev.max_smem));
-  kla::kernels::BwdParams b = translate_backward(*p);
-  b.programmatic = dev.cc_major >= 9 ? 1 : 0;
+  const kla::kernels::BwdParams b = translate_backward(*p, dev);
   const char* what = "the launch";
   const auto st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;

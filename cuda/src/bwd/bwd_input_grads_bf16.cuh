@@ -248,15 +248,6 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs, part);
 }
 
-/// prep_tile for value head hv of this block's chunk and sequence (the kernel's grid has key heads
-/// in y, which prep_tile reads as a value head: hv and its key head replace them).
-__device__ __forceinline__ PrepTile bwd_head_tile(const KernelParams& p, int hv) {
-  PrepTile t = prep_tile(p);
-  t.hv = hv;
-  t.h = key_head(p, hv);
-  return t;
-}
-
 /// Grid (chunk, key head, sequence): the key head's value heads one after another, dq and dk
 /// summed over them in value-head order as they go (BwdGroupPart's running sum), so no key-head
 /// sum kernel follows.

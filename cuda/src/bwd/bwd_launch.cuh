@@ -111,7 +111,9 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
   if (p.max_chunks > 0) {
     what = "the backward prep";
     if constexpr (kBwdBf16Record<E, kFast, kHD>) {
-      if (cudaError_t e = bwd_launch(bwd_prep_bf16_kernel<E>, chunks, bwd_prep_bf16_smem(), bp,
+      // One block per key head, its value heads in turn (the key head's products formed once).
+      const dim3 heads(unsigned(p.max_chunks), unsigned(p.H), unsigned(p.N));
+      if (cudaError_t e = bwd_launch(bwd_prep_bf16_kernel<E>, heads, bwd_prep_bf16_smem(), bp,
                                      stream, kBwdChunkThreads))
         return e;
     } else {

@@ -177,11 +177,12 @@ constexpr bool bwd_runs_bf16_input_grads(bool fast, bool bf16, int K, int V) {
 static_assert(bwd_bf16_record_fits(kBwdCompiledHeadDim, kBwdCompiledHeadDim));
 /// The bf16 prep's shared memory (bytes), K = V = kBwdCompiledHeadDim (bwd/bwd_prep_bf16.cuh): the
 /// raw K, Q, V, dO [C][K + 8] bf16; two [C][C + 4] fp32; a region of two [C][C + 8] and two
-/// [C][K + 8] bf16 split tiles (later four [C][C + 8]); the scalars; the inverse's scratch.
+/// [C][K + 8] bf16 split tiles (later four [C][C + 8]); the scalars; the inverse's scratch; the
+/// next value head's V, dO [C][K + 8] bf16.
 constexpr int64_t bwd_prep_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
   return 2 * (4 * C * (K + 8) + 2 * C * (C + 8) + 2 * C * (K + 8)) +
-         4 * (2 * C * bwd_pitch(C) + 10 * C + kInvScratch);
+         4 * (2 * C * bwd_pitch(C) + 10 * C + kInvScratch) + 2 * (2 * C * (K + 8));
 }
 static_assert(kChunk <= kBwdCompiledHeadDim,
               "the bf16 prep's four [C][C + 8] split tiles fit the region of its first ones");

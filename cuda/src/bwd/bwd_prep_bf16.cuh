@@ -1,13 +1,16 @@
 // Backward, pass 1 under arithmetic FAST for bf16 storage at K = V = 128
-// (bwd_runs_bf16_input_grads): bwd_prep_bf16_kernel, one block per (chunk, value head, sequence),
-// the same record as bwd/bwd_prep.cuh (its file comment has the math) with every product on
-// bf16 tensor cores (mma.sync m16n8k16 on 16 x 32 warp tiles, bwd/bwd_warp_tile_bf16.cuh). The raw
-// bf16 inputs are exact bf16 operands, so the per-token scales leave the products:
+// (bwd_runs_bf16_input_grads): bwd_prep_bf16_kernel, one block per (chunk, key head, sequence)
+// running the key head's value heads in turn, the same record as bwd/bwd_prep.cuh (its file
+// comment has the math) with every product on bf16 tensor cores (mma.sync m16n8k16 on 16 x 32 warp
+// tiles, bwd/bwd_warp_tile_bf16.cuh). The raw bf16 inputs are exact bf16 operands, so the per-token
+// scales leave the products:
 //   K^K^^T = diag(ks) (K K^T) diag(ks),   Q^K^^T = diag(qs) (Q K^T) diag(ks)
 //   X = M^T dY,                           M = (Q^K^^T) o Gamma split hi + lo
 //   Y = Q^T (diag(qs e^G) dY),            the scaled dY split hi + lo
 //   W = (A^-1 diag(beta e^G ks)) K,       U0 = (A^-1 diag(beta vs)) V,   the scaled A^-1 split
-// with ks, vs, qs the record's kscale, vscale, qscale. Neither k^ nor q^ goes to the record (the
+// with ks, vs, qs the record's kscale, vscale, qscale. K K^T, Q K^T, the raw key and query rows and
+// ks, vs, qs belong to the key head: they are formed once (the products kept in the warps'
+// accumulators), the rest once per value head. Neither k^ nor q^ goes to the record (the
 // kernels after it scale the raw rows themselves), nor W in fp32: W goes split hi + lo in bf16 (in
 // q^'s slot) for the two scans (bwd/bwd_state_forward_bf16.cuh, bwd/bwd_state_backward_bf16.cuh),
 // A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh.
@@ -27,29 +30,31 @@
 
 namespace kla::kernels {
 
+/// Grid (chunk, key head, sequence); the value heads' records are written as one block per value
+/// head would write them (the same operands, sums and orders: bitwise the same record).
 template <class E>
 __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
   __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
   const KernelParams& p = bp.f;
-  const PrepTile pt = prep_tile(p);
+  const PrepTile pt = bwd_head_tile(p, int(blockIdx.y) * bp.group);  // the group's first head
   if (pt.L == 0) return;
-  const int L = pt.L, hv = pt.hv, h = pt.h;
+  const int L = pt.L, h = pt.h;
   const BwdRecord R(K, V);
-  float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
   const int tid = threadIdx.x, warp = tid >> 5;
 
   // Shared memory (bwd_prep_bf16_smem): the raw K, Q, V, dO rows [C][PB] bf16; K K^T (then L) and
   // Q K^T (then A^-1) [C][PC] fp32; the split region: M hi, lo [C][PBC] and diag(qs e^G) dY hi, lo
   // [C][PB], then A^-1 diag(beta e^G ks) hi, lo and A^-1 diag(beta vs) hi, lo [C][PBC]; the
-  // scalars [10][C] (bwd_prep_scalars); the inverse's scratch.
+  // scalars [10][C] (bwd_prep_scalars); the inverse's scratch; a second V and dO [C][PB], into
+  // which the next value head's rows are copied while this one's are used (by the head's parity).
   extern __shared__ float4 smem4[];
   bf16* const Kb = reinterpret_cast<bf16*>(smem4);
   bf16* const Qb = Kb + C * PB;
-  bf16* const Vb = Qb + C * PB;
-  bf16* const dYb = Vb + C * PB;
-  float* const Ls = reinterpret_cast<float*>(dYb + C * PB);
+  bf16* const Vb0 = Qb + C * PB;
+  bf16* const dYb0 = Vb0 + C * PB;
+  float* const Ls = reinterpret_cast<float*>(dYb0 + C * PB);
   float* const Xs = Ls + C * PC;
   bf16* const Mh = reinterpret_cast<bf16*>(Xs + C * PC);
   bf16* const Ml = Mh + C * PBC;
@@ -61,100 +66,134 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   bf16* const Ul = Uh + C * PBC;
   float* const sc = reinterpret_cast<float*>(Dl + C * PB);
   float* const scratch = sc + 10 * C;  // kInvScratch floats (invert_unit_lower)
+  bf16* const Vb1 = reinterpret_cast<bf16*>(scratch + kInvScratch);
+  bf16* const dYb1 = Vb1 + C * PB;
   const float *const ks = sc, *const vs = sc + 1 * C, *const qs = sc + 4 * C;
   const float *const beta = sc + 5 * C, *const G = sc + 6 * C, *const bg = sc + 7 * C,
                      *const eg = sc + 8 * C;
 
   cp_input_rows(Kb, PB, static_cast<const E*>(p.k), p.ks, pt.sr.b, pt.tb, h, L);
   cp_input_rows(Qb, PB, static_cast<const E*>(p.q), p.qs, pt.sr.b, pt.tb, h, L);
-  cp_input_rows(Vb, PB, static_cast<const E*>(p.v), p.vs, pt.sr.b, pt.tb, hv, L);
-  cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
+  cp_input_rows(Vb0, PB, static_cast<const E*>(p.v), p.vs, pt.sr.b, pt.tb, pt.hv, L);
+  cp_input_rows(dYb0, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, pt.hv, L);
   cp_commit();
-  token_scalars_preload(p, pt.sr, pt.tb, L, hv, sc + 5 * C, sc + 6 * C);  // eta, g
+  token_scalars_preload(p, pt.sr, pt.tb, L, pt.hv, sc + 5 * C, sc + 6 * C);  // eta, g
   cp_wait<0>();
   __syncthreads();
-  bwd_prep_scalars(p, Kb, Qb, PB, K, L, sc, rec + R.sc);
+  bwd_prep_key_scalars(p, Kb, Qb, PB, K, L, sc);
 
   // The warp's tile of a [C][128] product (i0, n0) and of a [C][C] one (pi0, pn0): warps 0-7
-  // K K^T, warps 8-15 Q K^T, but for the tiles wholly above the diagonal (masked below).
+  // K K^T, warps 8-15 Q K^T, but for the tiles wholly above the diagonal (masked below). Kept in
+  // the accumulators for every value head.
   const int i0 = (warp >> 2) * 16, n0 = (warp & 3) * 32;
   const int pi0 = ((warp & 7) >> 1) * 16, pn0 = (warp & 1) * 32;
-  if (pn0 <= pi0 + 15) {
-    float x[4][4] = {};
-    warp_tile_mma<false, true>(x, warp < 8 ? Kb : Qb, PB, pi0, Kb, PB, pn0, K);
-    store_tile(warp < 8 ? Ls : Xs, PC, pi0, pn0, x);
-  }
-  __syncthreads();
-  // L_ij = beta_i Gamma_ij k^_i.k^_j (j < i) in place; M_ij = Gamma_ij q^_i.k^_j (j <= i) split;
-  // the read-out's dY scaled, diag(qs e^G) dY, split.
-  for (int idx = tid; idx < C * C / 2; idx += kBwdChunkThreads) {
-    const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
-    float l[2], m[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int jj = j + e;
-      const float gam = jj <= i ? expf(G[i] - G[jj]) : 0.f;
-      l[e] = jj < i ? beta[i] * gam * ((ks[i] * ks[jj]) * Ls[i * PC + jj]) : 0.f;
-      m[e] = jj <= i ? ((qs[i] * ks[jj]) * Xs[i * PC + jj]) * gam : 0.f;
-    }
-    *reinterpret_cast<float2*>(Ls + i * PC + j) = make_float2(l[0], l[1]);
-    split_bf16x2(m[0], m[1], *reinterpret_cast<__nv_bfloat162*>(Mh + i * PBC + j),
-                 *reinterpret_cast<__nv_bfloat162*>(Ml + i * PBC + j));
-  }
-  for (int idx = tid; idx < C * V / 2; idx += kBwdChunkThreads) {
-    const int i = idx / (V / 2), j = 2 * (idx % (V / 2));
-    const float s = qs[i] * eg[i];
-    const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dYb + i * PB + j));
-    split_bf16x2(s * y.x, s * y.y, *reinterpret_cast<__nv_bfloat162*>(Dh + i * PB + j),
-                 *reinterpret_cast<__nv_bfloat162*>(Dl + i * PB + j));
-  }
-  __syncthreads();
-  {  // X = M^T dY [C][V] (M lower: the k-steps from i0), hi part then lo
-    float x[4][4] = {};
-    warp_tile_mma<true, false>(x, Mh, PBC, i0, dYb, PB, n0, C, i0);
-    warp_tile_mma<true, false>(x, Ml, PBC, i0, dYb, PB, n0, C, i0);
-    store_tile(rec + R.du, V, i0, n0, x);
-  }
+  const bool raw_tile = pn0 <= pi0 + 15;
+  float raw[4][4] = {};
+  if (raw_tile) warp_tile_mma<false, true>(raw, warp < 8 ? Kb : Qb, PB, pi0, Kb, PB, pn0, K);
+
+  float next_eta = 0.f, next_g = 0.f;  // threads [0, C): the next value head's eta, g
 #pragma unroll 1
-  for (int r = 0; r < 2; ++r) {  // Y = Q^T D [K][V], row blocks i0 and i0 + 64
-    float y[4][4] = {};
-    warp_tile_mma<true, false>(y, Qb, PB, i0 + 64 * r, Dh, PB, n0, C);
-    warp_tile_mma<true, false>(y, Qb, PB, i0 + 64 * r, Dl, PB, n0, C);
-    store_tile(rec + R.ds, V, i0 + 64 * r, n0, y);
-  }
-  // A^-1 (prep/invert.cuh) into Xs; its blocks above the diagonal are left unwritten. Its first
-  // barrier also orders the products above before the split region is reused below.
-  invert_unit_lower(Ls, Xs, scratch);
-  // A^-1 (zero above its diagonal blocks) to the record in bf16, and split with its column scales:
-  // A^-1 diag(beta e^G ks) and A^-1 diag(beta vs). Four columns of one 16-block a step.
-  for (int idx = tid; idx < C * C / 4; idx += kBwdChunkThreads) {
-    const int i = idx / (C / 4), j = 4 * (idx % (C / 4));
-    const float4 a = (j >> 4) > (i >> 4) ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                         : *reinterpret_cast<const float4*>(Xs + i * PC + j);
-    store_bf16x4(reinterpret_cast<bf16*>(rec) + R.b_ainv + i * C + j, a);
-    const float av[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int at = i * PBC + j + e;
-      split_bf16x2(av[e] * (bg[j + e] * ks[j + e]), av[e + 1] * (bg[j + e + 1] * ks[j + e + 1]),
-                   *reinterpret_cast<__nv_bfloat162*>(Wh + at),
-                   *reinterpret_cast<__nv_bfloat162*>(Wl + at));
-      split_bf16x2(av[e] * (beta[j + e] * vs[j + e]), av[e + 1] * (beta[j + e + 1] * vs[j + e + 1]),
-                   *reinterpret_cast<__nv_bfloat162*>(Uh + at),
-                   *reinterpret_cast<__nv_bfloat162*>(Ul + at));
+  for (int jv = 0; jv < bp.group; ++jv) {
+    const int hv = pt.hv + jv;
+    float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
+    bf16* const Vb = jv & 1 ? Vb1 : Vb0;
+    bf16* const dYb = jv & 1 ? dYb1 : dYb0;
+    if (jv > 0) {  // this head's rows and scalars, copied and loaded during the previous head
+      cp_wait<0>();
+      if (tid < C) sc[5 * C + tid] = next_eta, sc[6 * C + tid] = next_g;
     }
-  }
-  __syncthreads();
-  {  // W = (A^-1 diag(beta e^G ks)) K, U0 = (A^-1 diag(beta vs)) V (A^-1 lower: k < i0 + 16)
-    float w[4][4] = {};
-    warp_tile_mma<false, false>(w, Wh, PBC, i0, Kb, PB, n0, i0 + 16);
-    warp_tile_mma<false, false>(w, Wl, PBC, i0, Kb, PB, n0, i0 + 16);
-    bf16* const rb = reinterpret_cast<bf16*>(rec);
-    store_tile_split(rb + R.b_wh, rb + R.b_wl, K, i0, n0, w);  // for both scans
-    float u[4][4] = {};
-    warp_tile_mma<false, false>(u, Uh, PBC, i0, Vb, PB, n0, i0 + 16);
-    warp_tile_mma<false, false>(u, Ul, PBC, i0, Vb, PB, n0, i0 + 16);
-    store_tile(rec + R.u, V, i0, n0, u);
+    // The rows visible; the previous head's last reads of the other V and dO done.
+    __syncthreads();
+    // The kernel mutant bwd_prep_stale_values skips the next head's V: it then runs on the V
+    // rows of the head two before it (the second head: a buffer never written).
+    if (jv + 1 < bp.group) {
+      if (!KLA_MUTANT(bwd_prep_stale_values))
+        cp_input_rows(jv & 1 ? Vb0 : Vb1, PB, static_cast<const E*>(p.v), p.vs, pt.sr.b, pt.tb,
+                      hv + 1, L);
+      cp_input_rows(jv & 1 ? dYb0 : dYb1, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb,
+                    hv + 1, L);
+      cp_commit();
+      if (tid < C) {  // as token_scalars_preload, into registers
+        next_eta = tid < L ? token_eta(p, pt.sr.b, pt.tb + tid, hv + 1) : 0.f;
+        next_g = tid < L ? token_log_decay(p, pt.sr.b, pt.tb + tid, hv + 1) : 0.f;
+      }
+    }
+    bwd_prep_head_scalars(p, L, sc, rec + R.sc);
+    if (raw_tile) store_tile(warp < 8 ? Ls : Xs, PC, pi0, pn0, raw);
+    __syncthreads();
+    // L_ij = beta_i Gamma_ij k^_i.k^_j (j < i) in place; M_ij = Gamma_ij q^_i.k^_j (j <= i) split;
+    // the read-out's dY scaled, diag(qs e^G) dY, split.
+    for (int idx = tid; idx < C * C / 2; idx += kBwdChunkThreads) {
+      const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
+      float l[2], m[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int jj = j + e;
+        const float gam = jj <= i ? expf(G[i] - G[jj]) : 0.f;
+        l[e] = jj < i ? beta[i] * gam * ((ks[i] * ks[jj]) * Ls[i * PC + jj]) : 0.f;
+        m[e] = jj <= i ? ((qs[i] * ks[jj]) * Xs[i * PC + jj]) * gam : 0.f;
+      }
+      *reinterpret_cast<float2*>(Ls + i * PC + j) = make_float2(l[0], l[1]);
+      split_bf16x2(m[0], m[1], *reinterpret_cast<__nv_bfloat162*>(Mh + i * PBC + j),
+                   *reinterpret_cast<__nv_bfloat162*>(Ml + i * PBC + j));
+    }
+    for (int idx = tid; idx < C * V / 2; idx += kBwdChunkThreads) {
+      const int i = idx / (V / 2), j = 2 * (idx % (V / 2));
+      const float s = qs[i] * eg[i];
+      const float2 y =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dYb + i * PB + j));
+      split_bf16x2(s * y.x, s * y.y, *reinterpret_cast<__nv_bfloat162*>(Dh + i * PB + j),
+                   *reinterpret_cast<__nv_bfloat162*>(Dl + i * PB + j));
+    }
+    __syncthreads();
+    {  // X = M^T dY [C][V] (M lower: the k-steps from i0), hi part then lo
+      float x[4][4] = {};
+      warp_tile_mma<true, false>(x, Mh, PBC, i0, dYb, PB, n0, C, i0);
+      warp_tile_mma<true, false>(x, Ml, PBC, i0, dYb, PB, n0, C, i0);
+      store_tile(rec + R.du, V, i0, n0, x);
+    }
+#pragma unroll 1
+    for (int r = 0; r < 2; ++r) {  // Y = Q^T D [K][V], row blocks i0 and i0 + 64
+      float y[4][4] = {};
+      warp_tile_mma<true, false>(y, Qb, PB, i0 + 64 * r, Dh, PB, n0, C);
+      warp_tile_mma<true, false>(y, Qb, PB, i0 + 64 * r, Dl, PB, n0, C);
+      store_tile(rec + R.ds, V, i0 + 64 * r, n0, y);
+    }
+    // A^-1 (prep/invert.cuh) into Xs; its blocks above the diagonal are left unwritten. Its first
+    // barrier also orders the products above before the split region is reused below.
+    invert_unit_lower(Ls, Xs, scratch);
+    // A^-1 (zero above its diagonal blocks) to the record in bf16, and split with its column
+    // scales: A^-1 diag(beta e^G ks) and A^-1 diag(beta vs). Four columns of one 16-block a step.
+    for (int idx = tid; idx < C * C / 4; idx += kBwdChunkThreads) {
+      const int i = idx / (C / 4), j = 4 * (idx % (C / 4));
+      const float4 a = (j >> 4) > (i >> 4) ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                           : *reinterpret_cast<const float4*>(Xs + i * PC + j);
+      store_bf16x4(reinterpret_cast<bf16*>(rec) + R.b_ainv + i * C + j, a);
+      const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int at = i * PBC + j + e;
+        split_bf16x2(av[e] * (bg[j + e] * ks[j + e]), av[e + 1] * (bg[j + e + 1] * ks[j + e + 1]),
+                     *reinterpret_cast<__nv_bfloat162*>(Wh + at),
+                     *reinterpret_cast<__nv_bfloat162*>(Wl + at));
+        split_bf16x2(av[e] * (beta[j + e] * vs[j + e]),
+                     av[e + 1] * (beta[j + e + 1] * vs[j + e + 1]),
+                     *reinterpret_cast<__nv_bfloat162*>(Uh + at),
+                     *reinterpret_cast<__nv_bfloat162*>(Ul + at));
+      }
+    }
+    __syncthreads();
+    {  // W = (A^-1 diag(beta e^G ks)) K, U0 = (A^-1 diag(beta vs)) V (A^-1 lower: k < i0 + 16)
+      float w[4][4] = {};
+      warp_tile_mma<false, false>(w, Wh, PBC, i0, Kb, PB, n0, i0 + 16);
+      warp_tile_mma<false, false>(w, Wl, PBC, i0, Kb, PB, n0, i0 + 16);
+      bf16* const rb = reinterpret_cast<bf16*>(rec);
+      store_tile_split(rb + R.b_wh, rb + R.b_wl, K, i0, n0, w);  // for both scans
+      float u[4][4] = {};
+      warp_tile_mma<false, false>(u, Uh, PBC, i0, Vb, PB, n0, i0 + 16);
+      warp_tile_mma<false, false>(u, Ul, PBC, i0, Vb, PB, n0, i0 + 16);
+      store_tile(rec + R.u, V, i0, n0, u);
+    }
   }
 }
 

@@ -11,20 +11,21 @@
 namespace kla::kernels {
 
 /// Shared scalars [10][C] of the prep (rows): 0 kscale, 1 vscale, 2 knorm, 3 qnorm, 4 qscale,
-/// 5 beta, 6 G, 7 beta e^G, 8 e^G. Rows 5 and 6 hold eta and g from token_scalars_preload on entry.
-/// Ks, Qs: the chunk's raw key and query rows ([C] rows of pitch pk, fp32 or bf16: raw 16-bit
-/// inputs are exact in either, so the sums below are the same), zero past L. Norms are summed
-/// in a fixed order (lane-strided, then the warp's shuffle tree), G by a fixed shuffle scan.
-/// Called by every thread after the rows and the preload are visible (a barrier); rows 0-6 are
-/// visible to the block on return, rows 7-8 and the record's rows (rs) after the caller's next
-/// barrier.
+/// 5 beta, 6 G, 7 beta e^G, 8 e^G, 9 the key's squared norm. Rows 0-4 and 9 depend on the key head
+/// only (bwd_prep_key_scalars), rows 5-8 on the value head too (bwd_prep_head_scalars), so a block
+/// running a key head's value heads forms the first once.
+
+/// Rows 0-4 and 9 from a chunk's raw key and query rows (Ks, Qs: [C] rows of pitch pk, fp32 or
+/// bf16: raw 16-bit inputs are exact in either, so the sums below are the same), zero past L.
+/// Norms are summed in a fixed order (lane-strided, then the warp's shuffle tree). Called by every
+/// thread after the rows are visible; the rows are visible after the caller's next barrier.
 template <class T>
-__device__ __forceinline__ void bwd_prep_scalars(const KernelParams& p, const T* Ks, const T* Qs,
-                                                 int pk, int K, int L, float* sc, float* rs) {
+__device__ __forceinline__ void bwd_prep_key_scalars(const KernelParams& p, const T* Ks,
+                                                     const T* Qs, int pk, int K, int L, float* sc) {
   constexpr int C = kChunk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int lane = threadIdx.x & 31;
   // One warp per token.
-  for (int i = warp; i < C; i += int(blockDim.x >> 5)) {
+  for (int i = int(threadIdx.x >> 5); i < C; i += int(blockDim.x >> 5)) {
     float n2 = 0.f, qn2 = 0.f;
     for (int r = lane; r < K; r += 32) {
       n2 = fmaf(tof(Ks[i * pk + r]), tof(Ks[i * pk + r]), n2);
@@ -34,8 +35,8 @@ __device__ __forceinline__ void bwd_prep_scalars(const KernelParams& p, const T*
     qn2 = warp_sum(qn2);
     if (lane == 0) {
       const bool ok = i < L;
-      const float eta = sc[5 * C + i];  // 0 past L (token_scalars_preload)
-      const TokenCoef tc = ok ? token_coef(n2, eta, p) : TokenCoef{0.f, 0.f, 0.f};
+      // eta does not enter kscale or vscale (token_coef); beta is the head's (below)
+      const TokenCoef tc = ok ? token_coef(n2, 0.f, p) : TokenCoef{0.f, 0.f, 0.f};
       sc[0 * C + i] = tc.kscale;
       sc[1 * C + i] = tc.vscale;
       sc[2 * C + i] = p.l2norm == 2 ? 1.0f / sqrtf(n2 + kQkL2NormEps) : 1.0f;
@@ -43,11 +44,25 @@ __device__ __forceinline__ void bwd_prep_scalars(const KernelParams& p, const T*
                       : p.l2norm == 1 ? (qn2 > 0.f ? 1.0f / sqrtf(qn2) : 0.f)
                                       : 1.0f;
       sc[4 * C + i] = ok ? readout_scale(qn2, p) : 0.f;
-      sc[5 * C + i] = tc.beta;
+      sc[9 * C + i] = n2;
     }
   }
-  __syncthreads();
-  if (warp == 0) chunk_log_decay_scan(sc + 6 * C, lane);  // G
+}
+
+/// Rows 5-8 of value head hv and its record's scalar rows (rs, bwd/bwd_layout.hpp BwdScalar):
+/// beta (token_coef of row 9 and the eta row 5 holds on entry, token_scalars_preload), the
+/// inclusive cumulative log decay G in row 6 (g on entry; a fixed shuffle scan), beta e^G, e^G.
+/// Called by every thread once rows 0-6 and 9 are visible (a barrier); rows 5-6 are visible to
+/// the block on return, rows 7-8 and the record's rows after the caller's next barrier.
+__device__ __forceinline__ void bwd_prep_head_scalars(const KernelParams& p, int L, float* sc,
+                                                      float* rs) {
+  constexpr int C = kChunk;
+  const int tid = threadIdx.x;
+  if (tid < C) {  // warps 0 and 1: beta in place of eta (row 6 is warp 0's scan's alone)
+    const int i = tid;
+    sc[5 * C + i] = i < L ? token_coef(sc[9 * C + i], sc[5 * C + i], p).beta : 0.f;
+  }
+  if (tid < 32) chunk_log_decay_scan(sc + 6 * C, tid);  // G
   __syncthreads();
   if (tid < C) {
     const int i = tid;
@@ -63,6 +78,18 @@ __device__ __forceinline__ void bwd_prep_scalars(const KernelParams& p, const T*
     sc[8 * C + i] = expf(G[i]);
     sc[7 * C + i] = sc[5 * C + i] * sc[8 * C + i];
   }
+}
+
+/// Both: the prep of one value head (bwd/bwd_prep.cuh). Rows 5 and 6 hold eta and g from
+/// token_scalars_preload on entry; called by every thread after the rows and the preload are
+/// visible (a barrier); rows 0-6 are visible to the block on return, rows 7-8 and the record's
+/// rows (rs) after the caller's next barrier.
+template <class T>
+__device__ __forceinline__ void bwd_prep_scalars(const KernelParams& p, const T* Ks, const T* Qs,
+                                                 int pk, int K, int L, float* sc, float* rs) {
+  bwd_prep_key_scalars(p, Ks, Qs, pk, K, L, sc);
+  __syncthreads();
+  bwd_prep_head_scalars(p, L, sc, rs);
 }
 
 }  // namespace kla::kernels

@@ -10,6 +10,7 @@
 #include "bwd/bwd_params.hpp"
 #include "common/kernel_common.cuh"
 #include "common/kernel_mutants.hpp"
+#include "prep/token_scalars.cuh"
 
 namespace kla::kernels {
 
@@ -24,6 +25,16 @@ constexpr bool kBwdBf16Record = bwd_runs_bf16_input_grads(kFast, std::is_same_v<
 __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const SeqRange& sr, int c,
                                              int hv) {
   return bp.ws + (chunk_slot(bp.f, n, sr, c) * bp.f.HV + hv) * bp.rec_floats;
+}
+
+/// prep_tile for value head hv of this block's chunk and sequence, in the kernels whose grid has
+/// key heads in y and runs a key head's value heads in turn (the bf16 prep and input gradients;
+/// prep_tile reads y as a value head: hv and its key head replace them).
+__device__ __forceinline__ PrepTile bwd_head_tile(const KernelParams& p, int hv) {
+  PrepTile t = prep_tile(p);
+  t.hv = hv;
+  t.h = key_head(p, hv);
+  return t;
 }
 
 /// The record of value head `to` in the chunk whose record for value head `from` is rec: a chunk's

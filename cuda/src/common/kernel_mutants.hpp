@@ -24,6 +24,7 @@ enum class KernelMutant : int {
   bwd_prep_split_hi_only,     // bwd/bwd_warp_tile_bf16.cuh: bf16 split operands without lo
   bwd_sums_default_stream,    // bwd/bwd_launch.cuh: the key-head sums on the legacy stream
   bwd_running_sum_restarts,   // bwd/bwd_grads_parts.cuh: each value head's dq, dk replace the sum
+  bwd_prep_stale_values,      // bwd/bwd_prep_bf16.cuh: the next value head's V rows not fetched
   count
 };
 
@@ -42,7 +43,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_bf16_truncated",
                                                      "bwd_prep_split_hi_only",
                                                      "bwd_sums_default_stream",
-                                                     "bwd_running_sum_restarts"};
+                                                     "bwd_running_sum_restarts",
+                                                     "bwd_prep_stale_values"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
