@@ -11,6 +11,10 @@ initial state in and the final state out, l2-normalised q and k in the kernel
 of o and of the final state. Each library runs its chunk_gated_delta_rule (beta given: exactly the
 peers' computation) through torch.autograd; "bwd" is the backward alone (torch.autograd.backward
 on a retained graph, replayed), "fwd+bwd" both. Medians of CUDA-event timings after warm-up.
+Each is timed twice: as plain calls (what a PyTorch user's eager step pays, host work included:
+the GPU is idle when a call starts) and as replays of a CUDA graph holding the same calls
+(kernel to kernel, the host out of it: how FlashQLA's published figures were taken, SPEC §4), for
+every library; --no-graph skips the replays.
 "kla FAST" is the same call with arithmetic='fast' (the backward's products on one TF32 part
 an operand, and at this case's shapes, bf16 with K = V = 128, its prep and both state scans on
 bf16 tensor cores with split operands and its input gradients on bf16 operands: kla.h). kla's
@@ -127,8 +131,47 @@ def timed(fn, reps, warmup=3):
     return statistics.median(times)
 
 
-def run_speed(fn, leaves, cu, do, dht, reps):
-    """(fwd+bwd ms, bwd ms, peak GiB over one fwd+bwd) of fn(q, k, v, g, beta, h0, cu)."""
+def graph_times(fn, leaves, cu, do, dht, reps):
+    """{'graph_bwd_ms', 'graph_fwd_bwd_ms'}: median ms of one replay of a CUDA graph holding the
+    backward alone (of a forward run outside the graph) and one holding forward + backward. As
+    torch.cuda.graphs asks for a captured backward: the forward whose backward is captured and
+    three warm-up steps of each (autotuning, lazy set-up, the autograd nodes' streams) run on a
+    side stream, never the default one; the leaves' gradients are set to None before each step, so
+    the captured backward writes them (a replay rewrites them) instead of accumulating."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o, s = fn(*leaves, cu)
+
+        def fresh_bwd():
+            for x in leaves:
+                x.grad = None
+            torch.autograd.backward((o, s), (do, dht), retain_graph=True)
+
+        def fresh_both():
+            for x in leaves:
+                x.grad = None
+            o2, s2 = fn(*leaves, cu)
+            torch.autograd.backward((o2, s2), (do, dht))
+
+        for _ in range(3):
+            fresh_bwd()
+            fresh_both()
+    torch.cuda.current_stream().wait_stream(side)
+    out = {}
+    for key, step in (("graph_bwd_ms", fresh_bwd), ("graph_fwd_bwd_ms", fresh_both)):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        out[key] = timed(graph.replay, reps)
+        del graph
+    torch.cuda.synchronize()
+    return out
+
+
+def run_speed(fn, leaves, cu, do, dht, reps, graphs=True):
+    """{'fwd_bwd_ms', 'bwd_ms', 'peak_GiB'} of fn(q, k, v, g, beta, h0, cu) in plain calls, and
+    with graphs graph_times' replays (or 'graph_error', why a capture failed)."""
     def fwd():
         return fn(*leaves, cu)
 
@@ -136,31 +179,53 @@ def run_speed(fn, leaves, cu, do, dht, reps):
         o, s = fwd()
         torch.autograd.backward((o, s), (do, dht))
 
-    t_both = timed(both, reps)
+    out = {"fwd_bwd_ms": timed(both, reps)}
     o, s = fwd()
 
     def bwd():
         torch.autograd.backward((o, s), (do, dht), retain_graph=True)
 
-    t_bwd = timed(bwd, reps)
+    out["bwd_ms"] = timed(bwd, reps)
+    del o, s
+    if graphs:
+        try:
+            out.update(graph_times(fn, leaves, cu, do, dht, reps))
+        except Exception as e:  # noqa: BLE001 (a library whose calls cannot be captured)
+            out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
     for x in leaves:
         x.grad = None
-    del o, s
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     both()
     torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    out["peak_GiB"] = (torch.cuda.max_memory_allocated() - base) / 2**30
     for x in leaves:
         x.grad = None
-    return t_both, t_bwd, peak
+    return out
+
+
+def speed_log(name, lib, r):
+    """The progress line of one library's timings (run_speed's dict)."""
+    graph = (f"; graph-replayed bwd {r['graph_bwd_ms']:.3f} ms, fwd+bwd "
+             f"{r['graph_fwd_bwd_ms']:.3f} ms" if "graph_bwd_ms" in r else
+             f"; graph capture failed: {r['graph_error']}" if "graph_error" in r else "")
+    log(f"{name}: {lib} bwd {r['bwd_ms']:.3f} ms, fwd+bwd {r['fwd_bwd_ms']:.3f} ms, "
+        f"peak {r['peak_GiB']:.2f} GiB{graph}")
+
+
+_HOST_CU = {}  # "src": the cu_seqlens last given, "cpu": its host copy
 
 
 def kla_fn(q, k, v, g, beta, h0, cu, arithmetic="accurate"):
+    # cu_seqlens' host copy given (cu_seqlens_cpu), as a CUDA-graph capture needs: the library
+    # validates it, and no device-to-host copy can be made while a stream is captured.
+    if _HOST_CU.get("src") is not cu:
+        _HOST_CU.update(src=cu, cpu=cu.cpu())
     return kla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                      cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
-                                      arithmetic=arithmetic)
+                                      cu_seqlens=cu, cu_seqlens_cpu=_HOST_CU["cpu"],
+                                      use_qk_l2norm_in_kernel=True, arithmetic=arithmetic)
 
 
 def kla_fast_fn(q, k, v, g, beta, h0, cu):
@@ -175,9 +240,16 @@ def ref_fn(q, k, v, g, beta, h0, cu):
 
 
 def make_fla_fn(fla_gdr):
+    # FLA keys its host-side chunk indices on the cu_seqlens tensor itself, so one int64 copy a
+    # cu_seqlens is passed every call (a new one each call would make FLA copy it to the host
+    # again: a synchronisation, which a CUDA-graph capture forbids).
+    longs = {}
+
     def fn(q, k, v, g, beta, h0, cu):
+        if longs.get("src") is not cu:
+            longs.update(src=cu, long=cu.long())
         return fla_gdr(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                       cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
+                       cu_seqlens=longs["long"], use_qk_l2norm_in_kernel=True)
     return fn
 
 
@@ -203,6 +275,7 @@ def main():
     ap.add_argument("--no-speed", action="store_true", help="only the accuracy tables")
     ap.add_argument("--quick", action="store_true", help="only the 8192-token row, fewer reps")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--no-graph", action="store_true", help="plain calls only, no graph replays")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     dev_name = torch.cuda.get_device_name()
@@ -227,18 +300,18 @@ def main():
                          cu_seqlens=cu, cu_seqlens_host=cu.cpu())
         row["kla_workspace_GiB"] = kla._lib.load().backward_workspace_size(
             ctypes.byref(bp)) / 2**30
-        t_both, t_bwd, peak = run_speed(kla_fn, leaves, cu, do, dht, a.reps)
-        row.update(kla_fwd_bwd_ms=t_both, kla_bwd_ms=t_bwd, kla_peak_GiB=peak)
-        log(f"{name}: kla bwd {t_bwd:.3f} ms, fwd+bwd {t_both:.3f} ms, peak {peak:.2f} GiB")
-        t_both, t_bwd, _ = run_speed(kla_fast_fn, leaves, cu, do, dht, a.reps)
-        row.update(kla_fast_fwd_bwd_ms=t_both, kla_fast_bwd_ms=t_bwd)
-        log(f"{name}: kla FAST bwd {t_bwd:.3f} ms, fwd+bwd {t_both:.3f} ms")
+        graphs = not a.no_graph
+        r = run_speed(kla_fn, leaves, cu, do, dht, a.reps, graphs)
+        row.update({f"kla_{k}": x for k, x in r.items()})
+        speed_log(name, "kla", r)
+        r = run_speed(kla_fast_fn, leaves, cu, do, dht, a.reps, graphs)
+        row.update({f"kla_fast_{k}": x for k, x in r.items() if k != "peak_GiB"})
+        speed_log(name, "kla FAST", r)
         if fla_gdr is not None:
             try:
-                t_both, t_bwd, peak = run_speed(make_fla_fn(fla_gdr), leaves, cu, do, dht, a.reps)
-                row.update(fla_fwd_bwd_ms=t_both, fla_bwd_ms=t_bwd, fla_peak_GiB=peak)
-                log(f"{name}: FLA bwd {t_bwd:.3f} ms, fwd+bwd {t_both:.3f} ms, "
-                    f"peak {peak:.2f} GiB")
+                r = run_speed(make_fla_fn(fla_gdr), leaves, cu, do, dht, a.reps, graphs)
+                row.update({f"fla_{k}": x for k, x in r.items()})
+                speed_log(name, "FLA", r)
             except Exception as e:  # noqa: BLE001
                 row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
                 log(f"{name}: FLA failed: {row['fla_error']}")
@@ -277,9 +350,10 @@ def main():
     if fla_info and fla_info.get("guard_bypassed"):
         lines += [FLA_NOTE + ".", ""]
     lines += ["| case | kla bwd ms | kla FAST bwd ms | FLA bwd ms | kla fwd+bwd ms | "
-              "kla FAST fwd+bwd ms | FLA fwd+bwd ms | kla workspace GiB | kla peak GiB | "
-              "FLA peak GiB |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "kla FAST fwd+bwd ms | FLA fwd+bwd ms | graph: kla bwd | graph: kla FAST bwd | "
+              "graph: FLA bwd | graph: kla FAST fwd+bwd | graph: FLA fwd+bwd | "
+              "kla workspace GiB | kla peak GiB | FLA peak GiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f3(x):
         return f"{x:.3f}" if isinstance(x, float) else "-"
@@ -287,6 +361,10 @@ def main():
         lines.append(f"| {r['case']} | {f3(r['kla_bwd_ms'])} | {f3(r['kla_fast_bwd_ms'])} | "
                      f"{f3(r.get('fla_bwd_ms'))} | {f3(r['kla_fwd_bwd_ms'])} | "
                      f"{f3(r['kla_fast_fwd_bwd_ms'])} | {f3(r.get('fla_fwd_bwd_ms'))} | "
+                     f"{f3(r.get('kla_graph_bwd_ms'))} | {f3(r.get('kla_fast_graph_bwd_ms'))} | "
+                     f"{f3(r.get('fla_graph_bwd_ms'))} | "
+                     f"{f3(r.get('kla_fast_graph_fwd_bwd_ms'))} | "
+                     f"{f3(r.get('fla_graph_fwd_bwd_ms'))} | "
                      f"{f3(r['kla_workspace_GiB'])} | {f3(r['kla_peak_GiB'])} | "
                      f"{f3(r.get('fla_peak_GiB'))} |")
     if result["accuracy"]:
