@@ -45,3 +45,23 @@ def test_the_table_says_when_the_run_stopped_early(tmp_path, complete):
     text = "\n".join(out)
     assert "| 1x8192 | 5.000 | 3.800 |" in text
     assert ("The run stopped before its end" in text) == (not complete)
+
+
+def test_the_replayed_table_shows_each_library_or_why_not(tmp_path):
+    md = _load("make_performance_md")
+    row = {"case": "1x8192", "lengths": [8192], "kla_bwd_ms": 5.0, "kla_fwd_bwd_ms": 6.0,
+           "kla_fast_bwd_ms": 3.8, "kla_fast_fwd_bwd_ms": 4.4, "kla_workspace_GiB": 1.6,
+           "kla_peak_GiB": 1.8, "kla_graph_bwd_ms": 4.5, "kla_graph_fwd_bwd_ms": 5.5,
+           "kla_fast_graph_bwd_ms": 3.25, "kla_fast_graph_fwd_bwd_ms": 3.75,
+           "fla_bwd_ms": 3.0, "fla_fwd_bwd_ms": 4.0, "fla_graph_error": "RuntimeError: x"}
+    bwd = {"device": "test", "torch": "x", "fla": None, "speed": [row], "accuracy": [],
+           "complete": True}
+    out = []
+    md.render_backward(out.append, bwd, str(tmp_path), "")
+    text = "\n".join(out)
+    assert ("| 1x8192 | 4.500 | 3.250 | capture failed | 5.500 | 3.750 | capture failed | "
+            "0.789 | ≤ 0.79 |") in text
+    row = {k: x for k, x in row.items() if "graph" not in k}
+    out = []
+    md.render_backward(out.append, dict(bwd, speed=[row]), str(tmp_path), "")
+    assert "replayed from CUDA graphs" not in "\n".join(out)
