@@ -80,7 +80,10 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   float* const red = rowp + 3 * C * 4;  // [16] parts of sum(dS o S), one a warp
 
   // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
-  // cp.async; meanwhile K^, Q^ from the raw rows, scaled and rounded to bf16 (load_scaled_rows).
+  // cp.async; meanwhile, for the key head's first value head, K^, Q^ from the raw rows, scaled and
+  // rounded to bf16 (load_scaled_rows). They are the key head's (kscale and qscale are the same in
+  // every value head's record) and nothing else writes their shared memory, so the block's later
+  // value heads find them there.
   {
     cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
     const bf16* rb = reinterpret_cast<const bf16*>(rec);
@@ -99,8 +102,10 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   }
   const E* kb = static_cast<const E*>(p.k);
   const E* qb = static_cast<const E*>(p.q);
-  load_scaled_rows(Khb, PB, kb, p.ks, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScKscale * C);
-  load_scaled_rows(Qhb, PB, qb, p.qs, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScQscale * C);
+  if (hv == pt.h * bp.group) {
+    load_scaled_rows(Khb, PB, kb, p.ks, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScKscale * C);
+    load_scaled_rows(Qhb, PB, qb, p.qs, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScQscale * C);
+  }
   cp_wait<0>();
   __syncthreads();
   {  // sum(dS o S) over the record's bf16 values: this thread's part, then one a warp (fixed order)
