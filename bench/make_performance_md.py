@@ -267,8 +267,8 @@ def render_backward(w, bwd, docs, note):
     if os.path.exists(os.path.join(docs, "performance", "backward.png")):
         w("![backward beside FLA](performance/backward.png)")
         w("")
-        w("Drawn by `bench/plot_backward.py` from backward.json (this run, solid) and "
-          "backward_earlier.json (the previous landed run, light) in docs/performance/.")
+        w("Drawn by `bench/plot_backward.py` from the runs in docs/performance/ (its title "
+          "names them and what each shade is).")
         w("")
     fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
     if fast:

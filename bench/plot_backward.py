@@ -6,8 +6,10 @@ same run), FlashQLA's published H200 time and issue 25's goal, log scale.
         "fbd928e=docs/performance/backward_earlier.json" \
         --out docs/performance/backward.png --title "one H100, ..."
 
-Each argument is LABEL=backward.json (the label names the run, e.g. its commit); the first run is
-drawn solid, the others lighter (earlier runs), FLA from every run that has it. Needs matplotlib.
+Each argument is LABEL=backward.json (the label names the run, e.g. its commit), or
+LABEL=backward.json#graph for the same run's CUDA-graph replays (kernel to kernel); the first is
+drawn solid, the others lighter (earlier runs, or the plain calls beside the replays), FLA from
+every run that has it. Needs matplotlib.
 """
 import json
 import os
@@ -18,15 +20,27 @@ from backward_targets import ISSUE25  # noqa: E402
 from figure import plot_arguments, pyplot, save, wrap  # noqa: E402
 
 
+# The plain calls' keys of a speed row and their CUDA-graph replays' (bench_backward.py).
+GRAPH_KEYS = {"kla_bwd_ms": "kla_graph_bwd_ms", "kla_fast_bwd_ms": "kla_fast_graph_bwd_ms",
+              "fla_bwd_ms": "fla_graph_bwd_ms"}
+
+
 def load(spec):
     label, sep, path = spec.partition("=")
     if not sep:
-        raise SystemExit(f"plot_backward: '{spec}' is not LABEL=backward.json")
+        raise SystemExit(f"plot_backward: '{spec}' is not LABEL=backward.json[#graph]")
+    path, hashed, part = path.partition("#")
+    if hashed and part != "graph":
+        raise SystemExit(f"plot_backward: '{spec}': the only part after # is 'graph'")
     try:
         with open(path) as fh:
             rows = json.load(fh).get("speed", [])
     except (OSError, ValueError) as e:
         raise SystemExit(f"plot_backward: cannot read {path}: {e}")
+    if hashed:  # the replays under the plain keys, which bars() reads
+        rows = [{**r, **{k: r.get(g) for k, g in GRAPH_KEYS.items()}} for r in rows]
+        if not any(r.get("kla_bwd_ms") or r.get("kla_fast_bwd_ms") for r in rows):
+            raise SystemExit(f"plot_backward: {path} has no CUDA-graph replays")
     if not rows:
         raise SystemExit(f"plot_backward: {path} has no speed rows")
     return label, {r["case"]: r for r in rows}

@@ -65,3 +65,22 @@ def test_the_replayed_table_shows_each_library_or_why_not(tmp_path):
     out = []
     md.render_backward(out.append, dict(bwd, speed=[row]), str(tmp_path), "")
     assert "replayed from CUDA graphs" not in "\n".join(out)
+
+
+def test_the_plot_reads_a_runs_replays_under_graph(tmp_path):
+    pb = _load("plot_backward")
+    path = tmp_path / "backward.json"
+    row = {"case": "1x8192", "kla_bwd_ms": 5.0, "kla_fast_bwd_ms": 2.5, "fla_bwd_ms": 2.4,
+           "kla_graph_bwd_ms": 4.6, "kla_fast_graph_bwd_ms": 2.1, "fla_graph_bwd_ms": 1.7}
+    path.write_text(json.dumps({"speed": [row]}))
+    label, rows = pb.load(f"replayed={path}#graph")
+    assert label == "replayed"
+    assert [rows["1x8192"][k] for k in ("kla_bwd_ms", "kla_fast_bwd_ms", "fla_bwd_ms")] == [
+        4.6, 2.1, 1.7]
+    _, rows = pb.load(f"plain={path}")
+    assert rows["1x8192"]["kla_fast_bwd_ms"] == 2.5
+    path.write_text(json.dumps({"speed": [{k: x for k, x in row.items() if "graph" not in k}]}))
+    with pytest.raises(SystemExit, match="no CUDA-graph replays"):
+        pb.load(f"replayed={path}#graph")
+    with pytest.raises(SystemExit, match="the only part after #"):
+        pb.load(f"replayed={path}#other")
