@@ -1,7 +1,7 @@
 """The backward of kla's chunkwise prefill beside flash-linear-attention's, in one run (issue 25).
 
     PYTHONPATH=python KLA_CUDA_LIBRARY=build-gpu/dist/libkla_cuda.so.5 \
-        python3 bench/bench_backward.py --out out/backward     [--no-fla] [--quick]
+        python3 bench/bench_backward.py --out out/backward     [--no-fla] [--quick] [--no-graph]
 
 Speed: the three rows of FlashQLA's backward table (bf16, K = V = 128, H = 16 query/key heads,
 HV = 32 value heads): one packed sequence of 32768 tokens, 8 packed sequences of random lengths

@@ -636,8 +636,9 @@ def main():
     w("# context parallelism, on a machine with several GPUs (carry build-gpu/dist):")
     w("PYTHONPATH=python KLA_CUDA_LIBRARY=$PWD/build-gpu/dist/libkla_cuda.so.5 \\")
     w("    python3 bench/bench_cp.py --out $OUT/cp --gpus 1 2 4 --fla   # (also PYTHONPATH+=FLA)")
-    w("python3 bench/plot_backward.py 'NOW=docs/performance/backward.json' \\")
-    w("    'EARLIER=docs/performance/backward_earlier.json' --out docs/performance/backward.png")
+    w("python3 bench/plot_backward.py 'replayed=docs/performance/backward.json#graph' \\")
+    w("    'plain=docs/performance/backward.json' [EARLIER=...json] "
+      "--out docs/performance/backward.png")
     w("python3 bench/plot_cp.py docs/performance/cp.json [docs/performance/cp_earlier.json] \\")
     w("    --out docs/performance/cp_scaling.png --title '...'   # here, needs matplotlib")
     w("                                             # here: this page and docs/performance/*.png")
