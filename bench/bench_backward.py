@@ -169,6 +169,18 @@ def graph_times(fn, leaves, cu, do, dht, reps):
     return out
 
 
+def copy_rate_TBps():
+    """Bytes read + written per second of a 1 GiB device copy (TB/s; median of 15 after warm-up,
+    as side_by_side.py measures it): the rate of the backward's memory floor."""
+    n = 1 << 30
+    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = timed(lambda: b.copy_(a), 15)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2.0 * n / (ms * 1e-3) / 1e12
+
+
 def run_speed(fn, leaves, cu, do, dht, reps, graphs=True):
     """{'fwd_bwd_ms', 'bwd_ms', 'peak_GiB'} of fn(q, k, v, g, beta, h0, cu) in plain calls, and
     with graphs graph_times' replays (or 'graph_error', why a capture failed)."""
@@ -283,6 +295,9 @@ def main():
     result = {"device": dev_name, "torch": torch.__version__, "fla": fla_info, "speed": [],
               "accuracy": [], "complete": False}
     json_path = os.path.join(a.out, "backward.json")
+    if not a.no_speed:
+        result["copy_TBps"] = copy_rate_TBps()
+        log(f"copy rate (read + written): {result['copy_TBps']:.3f} TB/s")
     log(f"{dev_name}, torch {torch.__version__}, FLA {fla_info}")
     H, HV, D = 16, 32, 128
     rows = [("1x32768", [32768]), ("8 seqs, 32768 total", random_lengths(32768, 8, 1)),
@@ -293,7 +308,7 @@ def main():
         rows = []
     for name, lengths in rows:
         leaves, cu, do, dht = inputs(lengths, H, HV, D, torch.bfloat16, seed=0)
-        row = {"case": name, "lengths": lengths}
+        row = {"case": name, "lengths": lengths, "H": H, "HV": HV, "K": D, "V": D, "dtype": "bf16"}
         bp = kla._lib.load().backward_params()
         kla._params.fill(bp.forward, leaves[0], leaves[1], leaves[2], leaves[2], g=leaves[3],
                          eta=leaves[4], coefficient=kla._params.COEFF_GIVEN,

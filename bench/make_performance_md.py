@@ -17,7 +17,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_targets import ISSUE25  # noqa: E402
+from backward_targets import ISSUE25, backward_floor_bytes  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMAND = "bash bench/run_side_by_side.sh"
@@ -295,24 +295,50 @@ def render_backward(w, bwd, docs, note):
     w("")
     graphed = [r for r in bwd.get("speed", []) if "kla_graph_bwd_ms" in r]
     if graphed:
+        copy = bwd.get("copy_TBps")
         w("The same calls replayed from CUDA graphs (kernel to kernel: the host's launch work "
-          "out of the time, as FlashQLA's published figures were taken):")
+          "out of the time, as FlashQLA's published figures were taken)"
+          + (f". Floor = the backward's fewest bytes (q, k, v, dO read and dq, dk, dv written "
+             f"once in bf16, g, β read and dg, dβ written in fp32, the initial state and the "
+             f"final state's gradient read and the initial state's gradient written in fp32: "
+             f"`backward_floor_bytes`) at this run's copy rate, {copy:.2f} TB/s (1 GiB device "
+             f"copy, bytes read + written); % floor = floor / time:" if copy else ":"))
         w("")
+        floor_cols = " floor ms | kla FAST % floor | FLA % floor |" if copy else ""
         w("| case | kla bwd ms | kla FAST bwd ms | FLA bwd ms | kla fwd+bwd ms | "
-          "kla FAST fwd+bwd ms | FLA fwd+bwd ms | FlashQLA bwd (published, H200) | goal |")
-        w("|---|---|---|---|---|---|---|---|---|")
+          "kla FAST fwd+bwd ms | FLA fwd+bwd ms | FlashQLA bwd (published, H200) | goal |"
+          + floor_cols)
+        w("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if copy else ""))
         for r in graphed:
             pub, goal = ISSUE25.get(r["case"], (None, None))
             pub, goal = (f"{pub:.3f}", f"≤ {goal:g}") if pub else ("–", "–")
             fla_b = r.get("fla_graph_bwd_ms", "capture failed" if "fla_graph_error" in r else None)
             fla_fb = r.get("fla_graph_fwd_bwd_ms",
                            "capture failed" if "fla_graph_error" in r else None)
+            cells = ""
+            if copy:
+                floor = backward_floor_ms(r, copy)
+                share = [None if floor is None or not isinstance(t, float) else 100 * floor / t
+                         for t in (r.get("kla_fast_graph_bwd_ms"), fla_b)]
+                cells = (f" {f(floor, '.3f')} | {f(share[0], '.1f')}% | "
+                         f"{f(share[1], '.1f')}% |").replace("–%", "–")
             w(f"| {r['case']} | {f(r.get('kla_graph_bwd_ms'), '.3f')} | "
               f"{f(r.get('kla_fast_graph_bwd_ms'), '.3f')} | {f(fla_b, '.3f')} | "
               f"{f(r.get('kla_graph_fwd_bwd_ms'), '.3f')} | "
               f"{f(r.get('kla_fast_graph_fwd_bwd_ms'), '.3f')} | {f(fla_fb, '.3f')} | "
-              f"{pub} | {goal} |")
+              f"{pub} | {goal} |" + cells)
         w("")
+
+
+def backward_floor_ms(row, copy_TBps):
+    """The memory floor (ms) of a bench_backward.py speed row at copy_TBps, or None where the row
+    does not say its shape (runs before the floor was added)."""
+    if not all(k in row for k in ("lengths", "H", "HV", "K", "V", "dtype")):
+        return None
+    es = {"bf16": 2, "fp16": 2, "fp32": 4}[row["dtype"]]
+    nbytes = backward_floor_bytes(sum(row["lengths"]), row["H"], row["HV"], row["K"], row["V"],
+                                  es, len(row["lengths"]))
+    return 1e3 * nbytes / (copy_TBps * 1e12)
 
 
 def merge_cp(runs):

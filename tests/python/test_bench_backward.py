@@ -84,3 +84,36 @@ def test_the_plot_reads_a_runs_replays_under_graph(tmp_path):
         pb.load(f"replayed={path}#graph")
     with pytest.raises(SystemExit, match="the only part after #"):
         pb.load(f"replayed={path}#other")
+
+
+def test_the_backward_floor_counts_each_tensor_once():
+    bt = _load("backward_targets")
+    # 1x8192, H 16 / HV 32, K = V = 128, bf16, one sequence, counted by hand: q, k, dq, dk
+    # 4 x 8192 x 16 x 128 x 2; v, dO, dv 3 x 8192 x 32 x 128 x 2; g, beta, dg, dbeta
+    # 4 x 8192 x 32 x 4; h0, d(final state), dh0 3 x 32 x 128 x 128 x 4.
+    assert bt.backward_floor_bytes(8192, 16, 32, 128, 128, 2, 1) == (
+        134217728 + 201326592 + 4194304 + 6291456)
+    # eight sequences of the same tokens: seven more sets of the three states
+    assert (bt.backward_floor_bytes(8192, 16, 32, 128, 128, 2, 8) -
+            bt.backward_floor_bytes(8192, 16, 32, 128, 128, 2, 1)) == 7 * 6291456
+
+
+def test_the_replayed_table_gives_the_floor_where_the_run_measured_its_copy_rate(tmp_path):
+    md = _load("make_performance_md")
+    row = {"case": "1x8192", "lengths": [8192], "H": 16, "HV": 32, "K": 128, "V": 128,
+           "dtype": "bf16", "kla_bwd_ms": 5.0, "kla_fwd_bwd_ms": 6.0, "kla_fast_bwd_ms": 3.8,
+           "kla_fast_fwd_bwd_ms": 4.4, "kla_workspace_GiB": 1.6, "kla_peak_GiB": 1.8,
+           "kla_graph_bwd_ms": 4.5, "kla_graph_fwd_bwd_ms": 5.5, "kla_fast_graph_bwd_ms": 2.0,
+           "kla_fast_graph_fwd_bwd_ms": 3.75, "fla_graph_bwd_ms": 1.0,
+           "fla_graph_fwd_bwd_ms": 2.0}
+    # 346030080 bytes at 3.4603008 TB/s: a floor of 0.1 ms, 5% of 2.0 ms and 10% of 1.0 ms
+    bwd = {"device": "test", "torch": "x", "fla": None, "speed": [row], "accuracy": [],
+           "complete": True, "copy_TBps": 3.4603008}
+    out = []
+    md.render_backward(out.append, bwd, str(tmp_path), "")
+    text = "\n".join(out)
+    assert "| 0.100 | 5.0% | 10.0% |" in text
+    assert "this run's copy rate, 3.46 TB/s" in text
+    out = []
+    md.render_backward(out.append, dict(bwd, copy_TBps=None), str(tmp_path), "")
+    assert "% floor" not in "\n".join(out)
