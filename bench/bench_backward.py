@@ -46,6 +46,9 @@ import torch.nn.functional as F
 import kla
 import kla.torch_impl
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from side_by_side import device_copy_bps  # noqa: E402 (the floors' copy rate, one definition)
+
 FLA_NOTE = ("FLA's Hopper guard for Triton 3.4-3.7.0 (issue 640) was bypassed: its backward ran "
             "with the Triton it refuses")
 
@@ -169,18 +172,6 @@ def graph_times(fn, leaves, cu, do, dht, reps):
     return out
 
 
-def copy_rate_TBps():
-    """Bytes read + written per second of a 1 GiB device copy (TB/s; median of 15 after warm-up,
-    as side_by_side.py measures it): the rate of the backward's memory floor."""
-    n = 1 << 30
-    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = timed(lambda: b.copy_(a), 15)
-    del a, b
-    torch.cuda.empty_cache()
-    return 2.0 * n / (ms * 1e-3) / 1e12
-
-
 def run_speed(fn, leaves, cu, do, dht, reps, graphs=True):
     """{'fwd_bwd_ms', 'bwd_ms', 'peak_GiB'} of fn(q, k, v, g, beta, h0, cu) in plain calls, and
     with graphs graph_times' replays (or 'graph_error', why a capture failed)."""
@@ -227,16 +218,27 @@ def speed_log(name, lib, r):
         f"peak {r['peak_GiB']:.2f} GiB{graph}")
 
 
-_HOST_CU = {}  # "src": the cu_seqlens last given, "cpu": its host copy
+def per_tensor(make):
+    """make(t) for tensor t, made again only when called with another tensor than the last: the
+    derived copies of cu_seqlens each library is given. A CUDA-graph capture needs the same one
+    every call: kla validates cu_seqlens' host copy (cu_seqlens_cpu), and FLA keys its host-side
+    chunk indices on the cu_seqlens tensor itself (a new one would make either copy it to the
+    host, a synchronisation a capture forbids)."""
+    last = {}
+
+    def get(t):
+        if last.get("src") is not t:
+            last.update(src=t, made=make(t))
+        return last["made"]
+    return get
+
+
+_host_cu = per_tensor(lambda cu: cu.cpu())
 
 
 def kla_fn(q, k, v, g, beta, h0, cu, arithmetic="accurate"):
-    # cu_seqlens' host copy given (cu_seqlens_cpu), as a CUDA-graph capture needs: the library
-    # validates it, and no device-to-host copy can be made while a stream is captured.
-    if _HOST_CU.get("src") is not cu:
-        _HOST_CU.update(src=cu, cpu=cu.cpu())
     return kla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                      cu_seqlens=cu, cu_seqlens_cpu=_HOST_CU["cpu"],
+                                      cu_seqlens=cu, cu_seqlens_cpu=_host_cu(cu),
                                       use_qk_l2norm_in_kernel=True, arithmetic=arithmetic)
 
 
@@ -252,16 +254,11 @@ def ref_fn(q, k, v, g, beta, h0, cu):
 
 
 def make_fla_fn(fla_gdr):
-    # FLA keys its host-side chunk indices on the cu_seqlens tensor itself, so one int64 copy a
-    # cu_seqlens is passed every call (a new one each call would make FLA copy it to the host
-    # again: a synchronisation, which a CUDA-graph capture forbids).
-    longs = {}
+    long_cu = per_tensor(lambda cu: cu.long())  # FLA takes int64 cu_seqlens
 
     def fn(q, k, v, g, beta, h0, cu):
-        if longs.get("src") is not cu:
-            longs.update(src=cu, long=cu.long())
         return fla_gdr(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                       cu_seqlens=longs["long"], use_qk_l2norm_in_kernel=True)
+                       cu_seqlens=long_cu(cu), use_qk_l2norm_in_kernel=True)
     return fn
 
 
@@ -296,7 +293,8 @@ def main():
               "accuracy": [], "complete": False}
     json_path = os.path.join(a.out, "backward.json")
     if not a.no_speed:
-        result["copy_TBps"] = copy_rate_TBps()
+        result["copy_TBps"] = device_copy_bps(torch, "cuda", lambda fn: timed(fn, 15)) / 1e12
+        torch.cuda.empty_cache()  # its two 1 GiB buffers
         log(f"copy rate (read + written): {result['copy_TBps']:.3f} TB/s")
     log(f"{dev_name}, torch {torch.__version__}, FLA {fla_info}")
     H, HV, D = 16, 32, 128
@@ -312,7 +310,7 @@ def main():
         bp = kla._lib.load().backward_params()
         kla._params.fill(bp.forward, leaves[0], leaves[1], leaves[2], leaves[2], g=leaves[3],
                          eta=leaves[4], coefficient=kla._params.COEFF_GIVEN,
-                         cu_seqlens=cu, cu_seqlens_host=cu.cpu())
+                         cu_seqlens=cu, cu_seqlens_host=_host_cu(cu))
         row["kla_workspace_GiB"] = kla._lib.load().backward_workspace_size(
             ctypes.byref(bp)) / 2**30
         graphs = not a.no_graph

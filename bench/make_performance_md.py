@@ -318,10 +318,9 @@ def render_backward(w, bwd, docs, note):
             cells = ""
             if copy:
                 floor = backward_floor_ms(r, copy)
-                share = [None if floor is None or not isinstance(t, float) else 100 * floor / t
-                         for t in (r.get("kla_fast_graph_bwd_ms"), fla_b)]
-                cells = (f" {f(floor, '.3f')} | {f(share[0], '.1f')}% | "
-                         f"{f(share[1], '.1f')}% |").replace("–%", "–")
+                shares = [f"{100 * floor / t:.1f}%" if floor and isinstance(t, float) else "–"
+                          for t in (r.get("kla_fast_graph_bwd_ms"), fla_b)]
+                cells = f" {f(floor, '.3f')} | {shares[0]} | {shares[1]} |"
             w(f"| {r['case']} | {f(r.get('kla_graph_bwd_ms'), '.3f')} | "
               f"{f(r.get('kla_fast_graph_bwd_ms'), '.3f')} | {f(fla_b, '.3f')} | "
               f"{f(r.get('kla_graph_fwd_bwd_ms'), '.3f')} | "

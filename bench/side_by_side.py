@@ -88,6 +88,15 @@ def floor_bytes(head_tokens, H, HV, K, V, es, states=0):
     return head_tokens * (H * 2 * K * es + HV * (2 * V * es + 8)) + states * K * V * 4 * 2
 
 
+def device_copy_bps(torch, device, median_ms, n=1 << 30):
+    """Bytes read + written per second of an n-byte device copy (1 GiB by default): the rate of
+    the floors here and in bench_backward.py. median_ms(fn) times calls fn() and returns the
+    median ms of one."""
+    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    return 2.0 * n / (median_ms(lambda: b.copy_(a)) * 1e-3)
+
+
 def rel_rms(a, b):
     a = a.double()
     b = b.double()
@@ -200,12 +209,8 @@ class Runner:
 
     # ---- measurement helpers ----------------------------------------------------------------
     def copy_rate(self):
-        torch = self.torch
-        n = 1 << 30
-        a = torch.randint(0, 255, (n,), dtype=torch.uint8, device=self.dev)
-        b = torch.empty_like(a)
-        ms = self.median_ms(lambda i: b.copy_(a), reps=15)
-        self.copy_bps = 2.0 * n / (ms * 1e-3)
+        self.copy_bps = device_copy_bps(self.torch, self.dev,
+                                        lambda fn: self.median_ms(lambda i: fn(), reps=15))
         self.res["meta"]["copy_TBps"] = self.copy_bps / 1e12
         log(f"copy rate (read + written): {self.copy_bps / 1e12:.3f} TB/s")
 

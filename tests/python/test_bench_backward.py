@@ -117,3 +117,30 @@ def test_the_replayed_table_gives_the_floor_where_the_run_measured_its_copy_rate
     out = []
     md.render_backward(out.append, dict(bwd, copy_TBps=None), str(tmp_path), "")
     assert "% floor" not in "\n".join(out)
+
+
+def test_each_library_is_given_one_derived_cu_seqlens_a_tensor():
+    torch = pytest.importorskip("torch")
+    bb = _load("bench_backward")
+    made = []
+    get = bb.per_tensor(lambda t: made.append(t) or t.long())
+    a, b = torch.tensor([0, 5, 9], dtype=torch.int32), torch.tensor([0, 5, 9], dtype=torch.int32)
+    first = get(a)
+    assert get(a) is first and len(made) == 1  # the same tensor: the same copy (a capture's need)
+    assert get(b) is not first and len(made) == 2  # equal values, another tensor: made again
+    assert first.dtype == torch.int64 and first.tolist() == [0, 5, 9]
+
+
+def test_the_copy_rate_counts_bytes_read_and_written():
+    torch = pytest.importorskip("torch")
+    sbs = _load("side_by_side")
+    timed = []
+
+    def median_ms(fn):
+        fn()
+        timed.append(fn)
+        return 0.5
+
+    # 1 MiB read and 1 MiB written in 0.5 ms
+    assert sbs.device_copy_bps(torch, "cpu", median_ms, n=1 << 20) == 2 * (1 << 20) / 0.5e-3
+    assert len(timed) == 1
