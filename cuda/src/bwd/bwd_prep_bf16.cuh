@@ -10,10 +10,11 @@
 //   W = (A^-1 diag(beta e^G ks)) K,       U0 = (A^-1 diag(beta vs)) V,   the scaled A^-1 split
 // with ks, vs, qs the record's kscale, vscale, qscale. K K^T, Q K^T, the raw key and query rows and
 // ks, vs, qs belong to the key head: they are formed once (the products kept in the warps'
-// accumulators), the rest once per value head. Neither k^ nor q^ goes to the record (the
-// kernels after it scale the raw rows themselves), nor W in fp32: W goes split hi + lo in bf16 (in
-// q^'s slot) for the two scans (bwd/bwd_state_forward_bf16.cuh, bwd/bwd_state_backward_bf16.cuh),
-// A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh.
+// accumulators), the rest once per value head. A^-1 (six warps, prep/invert.cuh) and X, Y (the
+// other ten) are formed side by side: neither reads the other. Neither k^ nor q^ goes to the record
+// (the kernels after it scale the raw rows themselves), nor W in fp32: W goes split hi + lo in bf16
+// (in q^'s slot) for the two scans (bwd/bwd_state_forward_bf16.cuh,
+// bwd/bwd_state_backward_bf16.cuh), A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh.
 //
 // Precision: products of two raw operands are exact (fp32 sums in a fixed order); a split operand
 // (bwd_bf16::split_bf16x2) errs below 2^-18 relative, so every other product below 2^-17: finer
@@ -43,6 +44,12 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   const int L = pt.L, h = pt.h;
   const BwdRecord R(K, V);
   const int tid = threadIdx.x, warp = tid >> 5;
+  // The inverse's warps and their named barrier (id 0 is __syncthreads); one that pads the other
+  // warps to as many barrier waits (four, invert_unit_lower_on): compute-sanitizer racecheck
+  // orders two warps' accesses by how many barriers each has waited at, and without the padding
+  // reports accesses ordered by the next __syncthreads as hazards (as in scan/wy_scan.cuh).
+  constexpr int kInvThreads = 32 * kInvWarps, kPrepBarInverse = 1, kPrepBarPad = 2;
+  static_assert(kBwdChunkThreads / 32 == kInvWarps + 10, "ten warps form X and Y");
 
   // Shared memory (bwd_prep_bf16_smem): the raw K, Q, V, dO rows [C][PB] bf16; K K^T (then L) and
   // Q K^T (then A^-1) [C][PC] fp32; the split region: M hi, lo [C][PBC] and diag(qs e^G) dY hi, lo
@@ -82,9 +89,9 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   __syncthreads();
   bwd_prep_key_scalars(p, Kb, Qb, PB, K, L, sc);
 
-  // The warp's tile of a [C][128] product (i0, n0) and of a [C][C] one (pi0, pn0): warps 0-7
-  // K K^T, warps 8-15 Q K^T, but for the tiles wholly above the diagonal (masked below). Kept in
-  // the accumulators for every value head.
+  // The warp's tile of W and U0 (i0, n0) and of a [C][C] product (pi0, pn0): warps 0-7 K K^T,
+  // warps 8-15 Q K^T, but for the tiles wholly above the diagonal (masked below). Kept in the
+  // accumulators for every value head.
   const int i0 = (warp >> 2) * 16, n0 = (warp & 3) * 32;
   const int pi0 = ((warp & 7) >> 1) * 16, pn0 = (warp & 1) * 32;
   const bool raw_tile = pn0 <= pi0 + 15;
@@ -146,22 +153,44 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
                    *reinterpret_cast<__nv_bfloat162*>(Dl + i * PB + j));
     }
     __syncthreads();
-    {  // X = M^T dY [C][V] (M lower: the k-steps from i0), hi part then lo
-      float x[4][4] = {};
-      warp_tile_mma<true, false>(x, Mh, PBC, i0, dYb, PB, n0, C, i0);
-      warp_tile_mma<true, false>(x, Ml, PBC, i0, dYb, PB, n0, C, i0);
-      store_tile(rec + R.du, V, i0, n0, x);
-    }
+    if (warp < kInvWarps) {
+      // A^-1 (prep/invert.cuh) into Xs (Q K^T's, read above), its blocks above the diagonal left
+      // unwritten, on the first warps alone, their barriers a named one.
+      invert_unit_lower_on(Ls, Xs, scratch, [] { named_bar_sync(kPrepBarInverse, kInvThreads); });
+    } else {
+      // Meanwhile the other ten warps form X and Y (neither reads A^-1): 16 x 32 tiles, each as
+      // one warp of the full block formed it (hi part, then lo, into one accumulator).
+      const int w = warp - kInvWarps;
+      // Y = Q^T D [K][V]: 32 tiles; w 0-1 take four, w 2-9 three (8 k-steps a tile).
+      const int y_first = w < 2 ? 4 * w : 8 + 3 * (w - 2), y_count = w < 2 ? 4 : 3;
 #pragma unroll 1
-    for (int r = 0; r < 2; ++r) {  // Y = Q^T D [K][V], row blocks i0 and i0 + 64
-      float y[4][4] = {};
-      warp_tile_mma<true, false>(y, Qb, PB, i0 + 64 * r, Dh, PB, n0, C);
-      warp_tile_mma<true, false>(y, Qb, PB, i0 + 64 * r, Dl, PB, n0, C);
-      store_tile(rec + R.ds, V, i0 + 64 * r, n0, y);
+      for (int yt = y_first; yt < y_first + y_count; ++yt) {
+        const int yi = 16 * (yt >> 2), yn = 32 * (yt & 3);
+        float y[4][4] = {};
+        warp_tile_mma<true, false>(y, Qb, PB, yi, Dh, PB, yn, C);
+        warp_tile_mma<true, false>(y, Qb, PB, yi, Dl, PB, yn, C);
+        store_tile(rec + R.ds, V, yi, yn, y);
+      }
+      // X = M^T dY [C][V] (M lower: a tile of rows i takes the k-steps from i): 16 tiles of
+      // 2 (64 - i) / 16 k-steps; w 2-9 take two of one column block, rows 0 and 48 or 16 and 32
+      // (ten k-steps either way).
+      // The kernel mutant bwd_prep_x_tile_skipped forms each warp's first tile alone: X's rows
+      // 32-63 keep what the record held.
+      if (w >= 2) {
+        const int xn = 32 * ((w - 2) >> 1), xi0 = (w & 1) ? 16 : 0;
+#pragma unroll 1
+        for (int r = 0; r < (KLA_MUTANT(bwd_prep_x_tile_skipped) ? 1 : 2); ++r) {
+          const int xi = r == 0 ? xi0 : 48 - xi0;
+          float x[4][4] = {};
+          warp_tile_mma<true, false>(x, Mh, PBC, xi, dYb, PB, xn, C, xi);
+          warp_tile_mma<true, false>(x, Ml, PBC, xi, dYb, PB, xn, C, xi);
+          store_tile(rec + R.du, V, xi, xn, x);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) named_bar_sync(kPrepBarPad, kBwdChunkThreads - kInvThreads);
     }
-    // A^-1 (prep/invert.cuh) into Xs; its blocks above the diagonal are left unwritten. Its first
-    // barrier also orders the products above before the split region is reused below.
-    invert_unit_lower(Ls, Xs, scratch);
+    __syncthreads();  // A^-1 complete; the products above done with the split region
     // A^-1 (zero above its diagonal blocks) to the record in bf16, and split with its column
     // scales: A^-1 diag(beta e^G ks) and A^-1 diag(beta vs). Four columns of one 16-block a step.
     for (int idx = tid; idx < C * C / 4; idx += kBwdChunkThreads) {

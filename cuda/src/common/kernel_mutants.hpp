@@ -25,6 +25,7 @@ enum class KernelMutant : int {
   bwd_sums_default_stream,    // bwd/bwd_launch.cuh: the key-head sums on the legacy stream
   bwd_running_sum_restarts,   // bwd/bwd_grads_parts.cuh: each value head's dq, dk replace the sum
   bwd_prep_stale_values,      // bwd/bwd_prep_bf16.cuh: the next value head's V rows not fetched
+  bwd_prep_x_tile_skipped,    // bwd/bwd_prep_bf16.cuh: each X warp forms one of its two tiles
   count
 };
 
@@ -44,7 +45,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_prep_split_hi_only",
                                                      "bwd_sums_default_stream",
                                                      "bwd_running_sum_restarts",
-                                                     "bwd_prep_stale_values"};
+                                                     "bwd_prep_stale_values",
+                                                     "bwd_prep_x_tile_skipped"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 

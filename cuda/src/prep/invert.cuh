@@ -7,13 +7,21 @@
 
 namespace kla::kernels {
 
+/// Warps that take part in the inverse: warps 0-3 form the diagonal blocks, and the first level
+/// below them has six half-block tasks (warps 0-5).
+constexpr int kInvWarps = 6;
+
 /// T = (I + lm)^-1 for a strictly lower 64 x 64 lm (pitch kMatrixPitch) into tm (pitch
 /// kMatrixPitch; valid on and below the diagonal blocks, exact zeros above the diagonal inside
 /// them). Contract: fp32-grade (the 16 x 16 diagonal blocks by forward substitution in fp32 FMA;
 /// the blocks below by the blocked recurrence T_ab = -T_aa sum_{b <= k < a} L_ak T_kb on the tensor
 /// cores with both operands split TF32 hi + lo, ~2^-21 relative per product). scratch: kInvScratch
-/// floats. Called by every thread of the block (8 warps or more); ends with a barrier.
-__device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, float* scratch) {
+/// floats. Called by warps 0 .. kInvWarps - 1 of the block at least (the others, if they call it,
+/// do nothing but wait); `sync()` is a barrier over every calling thread, called four times, last
+/// at the end.
+template <class Sync>
+__device__ __forceinline__ void invert_unit_lower_on(const float* lm, float* tm, float* scratch,
+                                                     Sync sync) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // Diagonal block o = 16 warp, one warp each, right-looking: lane (column c, row half hh) holds
   // rows 8 hh .. 8 hh + 7 of column c; once row j is final it is broadcast and subtracted below.
@@ -32,7 +40,7 @@ __device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, fl
 #pragma unroll
     for (int k = 0; k < 8; ++k) tm[(o + 8 * hh + k) * kMatrixPitch + o + c] = t[k];
   }
-  __syncthreads();
+  sync();
   // Blocks below the diagonal by distance d = a - b (3, 2, 1 blocks), each in two 8-column
   // halves, a warp a half: Y = sum_k L_ak T_kb, then T_ab = -T_aa Y (Y through this warp's
   // scratch, pitch 12: conflict-free B loads).
@@ -64,8 +72,14 @@ __device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, fl
         *reinterpret_cast<float2*>(tm + (a * 16 + g + 8 * hr) * kMatrixPitch + n0 + 2 * t4) =
             make_float2(-parts_sum(z, 2 * hr), -parts_sum(z, 2 * hr + 1));
     }
-    __syncthreads();
+    sync();
   }
+}
+
+/// invert_unit_lower_on called by every thread of the block (8 warps or more), its barriers the
+/// block's; ends with a barrier.
+__device__ __forceinline__ void invert_unit_lower(const float* lm, float* tm, float* scratch) {
+  invert_unit_lower_on(lm, tm, scratch, [] { __syncthreads(); });
 }
 
 }  // namespace kla::kernels
