@@ -45,9 +45,9 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   const BwdRecord R(K, V);
   const int tid = threadIdx.x, warp = tid >> 5;
   // The inverse's warps and their named barrier (id 0 is __syncthreads); one that pads the other
-  // warps to as many barrier waits (four, invert_unit_lower_on): compute-sanitizer racecheck
-  // orders two warps' accesses by how many barriers each has waited at, and without the padding
-  // reports accesses ordered by the next __syncthreads as hazards (as in scan/wy_scan.cuh).
+  // warps to as many barrier waits (kInvBarriers, invert_unit_lower_on): compute-sanitizer
+  // racecheck orders two warps' accesses by how many barriers each has waited at, and without the
+  // padding reports accesses ordered by the next __syncthreads as hazards (as in scan/wy_scan.cuh).
   constexpr int kInvThreads = 32 * kInvWarps, kPrepBarInverse = 1, kPrepBarPad = 2;
   static_assert(kBwdChunkThreads / 32 == kInvWarps + 10, "ten warps form X and Y");
 
@@ -188,7 +188,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
         }
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) named_bar_sync(kPrepBarPad, kBwdChunkThreads - kInvThreads);
+      for (int i = 0; i < kInvBarriers; ++i)
+        named_bar_sync(kPrepBarPad, kBwdChunkThreads - kInvThreads);
     }
     __syncthreads();  // A^-1 complete; the products above done with the split region
     // A^-1 (zero above its diagonal blocks) to the record in bf16, and split with its column

@@ -8,8 +8,9 @@
 namespace kla::kernels {
 
 /// Warps that take part in the inverse: warps 0-3 form the diagonal blocks, and the first level
-/// below them has six half-block tasks (warps 0-5).
-constexpr int kInvWarps = 6;
+/// below them has six half-block tasks (warps 0-5). Barriers it waits at: one after the diagonal
+/// blocks, one after each of the three levels.
+constexpr int kInvWarps = 6, kInvBarriers = 4;
 
 /// T = (I + lm)^-1 for a strictly lower 64 x 64 lm (pitch kMatrixPitch) into tm (pitch
 /// kMatrixPitch; valid on and below the diagonal blocks, exact zeros above the diagonal inside
@@ -17,8 +18,8 @@ constexpr int kInvWarps = 6;
 /// the blocks below by the blocked recurrence T_ab = -T_aa sum_{b <= k < a} L_ak T_kb on the tensor
 /// cores with both operands split TF32 hi + lo, ~2^-21 relative per product). scratch: kInvScratch
 /// floats. Called by warps 0 .. kInvWarps - 1 of the block at least (the others, if they call it,
-/// do nothing but wait); `sync()` is a barrier over every calling thread, called four times, last
-/// at the end.
+/// do nothing but wait); `sync()` is a barrier over every calling thread, called kInvBarriers
+/// times, last at the end.
 template <class Sync>
 __device__ __forceinline__ void invert_unit_lower_on(const float* lm, float* tm, float* scratch,
                                                      Sync sync) {
