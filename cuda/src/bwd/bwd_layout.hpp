@@ -16,8 +16,9 @@
 //   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards)
 // Where the bf16 kernels run (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1 also go to the
 // record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below); k^, q^ and W in
-// fp32 are not written (the kernels after the prep scale the raw keys and queries themselves): q^'s
-// slot holds W split into two bf16 parts for the two scans.
+// fp32 are not written (the kernels after the prep scale the raw keys and queries themselves):
+// their slots hold W split into two bf16 parts and the raw keys for the two scans, and U0, X, Y
+// are kept by value slice (bwd_bf16_record_fits, below).
 #pragma once
 
 #include <cstdint>
@@ -69,7 +70,7 @@ enum BwdScalar : int {
 /// Float offsets of one backward record, and (b_*) the bf16 element offsets of its bf16 tiles.
 struct BwdRecord {
   int64_t kh, qh, w, u, du, ainv, sc, s, ds, dq, dk, floats;
-  int64_t b_s, b_u, b_ds, b_du, b_ainv, b_wh, b_wl;
+  int64_t b_s, b_u, b_ds, b_du, b_ainv, b_wh, b_wl, b_kr;
   constexpr BwdRecord(int64_t K, int64_t V)
       : kh(0),
         qh(kh + kChunk * K),
@@ -88,21 +89,36 @@ struct BwdRecord {
         b_ds(2 * dq),
         b_du(2 * dk),
         b_ainv(b_du + kChunk * V),
-        b_wh(2 * qh),
-        b_wl(b_wh + kChunk * K) {}
+        b_wh(2 * kh),
+        b_wl(b_wh + kChunk * (K + 8)),
+        b_kr(b_wl + kChunk * (K + 8)) {}
 };
 /// Where the bf16 input-gradient kernel runs (bwd_runs_bf16_input_grads), the record holds S, U,
 /// dS, dU and A^-1 as bf16 (rounded to nearest; row pitch K, V or C elements) for it alone, in
 /// slots no other block reads meanwhile: S and U in the s slot; dS in the dq slot; dU and A^-1 in
-/// the dk slot (dq and dk are written only at that kernel's end, after its own reads); and W split
-/// into bf16 hi + lo (bwd/bwd_warp_tile_bf16.cuh split_bf16x2) in the qh slot, which that
-/// configuration leaves free, for its scans (bwd/bwd_state_forward_bf16.cuh,
-/// bwd/bwd_state_backward_bf16.cuh). Not in place of the fp32 values they come from: the scans'
-/// slices (blocks of other columns) still read U0, X and Y there. Whether the tiles fit their
-/// slots:
+/// the dk slot (dq and dk are written only at that kernel's end, after its own reads). For its
+/// two scans (bwd/bwd_state_forward_bf16.cuh, bwd/bwd_state_backward_bf16.cuh), which copy each
+/// chunk's tiles in by a few bulk copies (one a tile), the prep lays out what they read as their
+/// shared memory holds it:
+///   - in the kh and qh slots, which that configuration leaves free: W split into bf16 hi + lo
+///     (bwd/bwd_warp_tile_bf16.cuh split_bf16x2) and the chunk's raw keys (zero rows past the
+///     sequence's end), each [C][K + 8] bf16 (the 8 padding elements a row zero);
+///   - U0, X and Y (fp32, in the u, du and ds slots) by value slice (bwd_sliced_index).
+/// Whether the tiles fit their slots:
 constexpr bool bwd_bf16_record_fits(int64_t K, int64_t V) {
   return K * V + kChunk * V <= 2 * K * V && K * V <= 2 * kChunk * K &&
-         kChunk * V + kChunk * kChunk <= 2 * kChunk * K;
+         kChunk * V + kChunk * kChunk <= 2 * kChunk * K && 3 * kChunk * (K + 8) <= 4 * kChunk * K;
+}
+/// Value columns of a slice of the bf16 scans (one block each).
+constexpr int kBwdBf16Slice = 32;
+/// Where element (r, c) of a [rows][V] fp32 tile the bf16 scans read by value slice (U0, X, Y)
+/// is kept: slice c / 32 whole ([rows][32], one bulk copy), its columns permuted within each row
+/// by c ^ 8 (r mod 4), so that a half warp's pair reads in the scans (rows i + g, g < 4, columns
+/// c + 2t, t < 4, c a multiple of 8) fall on 32 distinct banks without padding. Pairs and aligned
+/// fours of columns stay together.
+constexpr int bwd_sliced_index(int rows, int r, int c) {
+  return (c / kBwdBf16Slice) * rows * kBwdBf16Slice + r * kBwdBf16Slice +
+         ((c % kBwdBf16Slice) ^ ((r & 3) << 3));
 }
 
 /// Shared-memory row pitch (floats) of a matrix `width` wide: rows 16-byte aligned, offset by 4
@@ -137,23 +153,25 @@ constexpr int64_t bwd_grads_smem(int K) {
   return 4 * (acc + mats + (tiles > panels ? tiles : panels) + 8 * kChunk + kBwdCarryParts);
 }
 
+/// The two copy groups' mbarriers at the end of each bf16 scan's shared memory.
+constexpr int64_t kBwdBf16ScanBarrierBytes = 16;
 /// The bf16 state scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
 /// (bwd/bwd_state_forward_bf16.cuh): one copy stage of W hi, lo and the raw keys [C][K + 8] bf16,
-/// the U0 slice [C][VS + 4] fp32, G and kscale [C]; then S hi, lo [K][VS + 8] and the scaled U
-/// hi, lo [C][VS + 8] bf16.
+/// the U0 slice [C][VS] fp32 (bwd_sliced_index), G and kscale [C]; then S hi, lo [K][VS + 8] and
+/// the scaled U hi, lo [C][VS + 8] bf16; the barriers.
 constexpr int64_t bwd_state_forward_bf16_smem() {
-  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
-  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
-         4 * (C * bwd_pitch(VS) + 2 * C);
+  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = kBwdBf16Slice;
+  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) + 4 * (C * VS + 2 * C) +
+         kBwdBf16ScanBarrierBytes;
 }
 /// The bf16 state-gradient scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
 /// (bwd/bwd_state_backward_bf16.cuh): one copy stage of the raw keys and W hi, lo [C][K + 8] bf16,
-/// the X [C][VS + 4] and Y [K][VS + 4] slices fp32, G and kscale [C]; then dS hi, lo [K][VS + 8]
-/// and dU hi, lo [C][VS + 8] bf16.
+/// the X [C][VS] and Y [K][VS] slices fp32 (bwd_sliced_index), G and kscale [C]; then dS hi, lo
+/// [K][VS + 8] and dU hi, lo [C][VS + 8] bf16; the barriers.
 constexpr int64_t bwd_state_backward_bf16_smem() {
-  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = 32;
-  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) +
-         4 * ((C + K) * bwd_pitch(VS) + 2 * C);
+  constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = kBwdBf16Slice;
+  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) + 4 * ((C + K) * VS + 2 * C) +
+         kBwdBf16ScanBarrierBytes;
 }
 /// The two bf16 scans run side by side (bwd/bwd_launch.cuh: the state-gradient scan launched
 /// programmatically after the state scan, which it does not read): a block of each fits one

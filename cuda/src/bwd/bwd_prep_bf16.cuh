@@ -13,8 +13,9 @@
 // accumulators), the rest once per value head. A^-1 (six warps, prep/invert.cuh) and X, Y (the
 // other ten) are formed side by side: neither reads the other. Neither k^ nor q^ goes to the record
 // (the kernels after it scale the raw rows themselves), nor W in fp32: W goes split hi + lo in bf16
-// (in q^'s slot) for the two scans (bwd/bwd_state_forward_bf16.cuh,
-// bwd/bwd_state_backward_bf16.cuh), A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh.
+// for the two scans (bwd/bwd_state_forward_bf16.cuh, bwd/bwd_state_backward_bf16.cuh) beside a
+// copy of the raw keys, and U0, X, Y go by value slice, all as the scans' shared memory holds them
+// (bwd_bf16_record_fits); A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh.
 //
 // Precision: products of two raw operands are exact (fp32 sums in a fixed order); a split operand
 // (bwd_bf16::split_bf16x2) errs below 2^-18 relative, so every other product below 2^-17: finer
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
         float y[4][4] = {};
         warp_tile_mma<true, false>(y, Qb, PB, yi, Dh, PB, yn, C);
         warp_tile_mma<true, false>(y, Qb, PB, yi, Dl, PB, yn, C);
-        store_tile(rec + R.ds, V, yi, yn, y);
+        store_tile_sliced(rec + R.ds, K, yi, yn, y);
       }
       // X = M^T dY [C][V] (M lower: a tile of rows i takes the k-steps from i): 16 tiles of
       // 2 (64 - i) / 16 k-steps; w 2-9 take two of one column block, rows 0 and 48 or 16 and 32
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
           float x[4][4] = {};
           warp_tile_mma<true, false>(x, Mh, PBC, xi, dYb, PB, xn, C, xi);
           warp_tile_mma<true, false>(x, Ml, PBC, xi, dYb, PB, xn, C, xi);
-          store_tile(rec + R.du, V, xi, xn, x);
+          store_tile_sliced(rec + R.du, C, xi, xn, x);
         }
       }
 #pragma unroll
@@ -218,11 +219,17 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
       warp_tile_mma<false, false>(w, Wh, PBC, i0, Kb, PB, n0, i0 + 16);
       warp_tile_mma<false, false>(w, Wl, PBC, i0, Kb, PB, n0, i0 + 16);
       bf16* const rb = reinterpret_cast<bf16*>(rec);
-      store_tile_split(rb + R.b_wh, rb + R.b_wl, K, i0, n0, w);  // for both scans
+      store_tile_split(rb + R.b_wh, rb + R.b_wl, PB, i0, n0, w);  // for both scans
       float u[4][4] = {};
       warp_tile_mma<false, false>(u, Uh, PBC, i0, Vb, PB, n0, i0 + 16);
       warp_tile_mma<false, false>(u, Ul, PBC, i0, Vb, PB, n0, i0 + 16);
-      store_tile(rec + R.u, V, i0, n0, u);
+      store_tile_sliced(rec + R.u, C, i0, n0, u);
+    }
+    {  // W's padding, and in the key head's first value head's record the raw keys, as the scans
+       // copy them in (bwd_bf16_record_fits)
+      bf16* const rb = reinterpret_cast<bf16*>(rec);
+      if (jv == 0) store_padded_tile(rb + R.b_kr, Kb);
+      zero_tile_padding(rb + R.b_wh, 2 * C);
     }
   }
 }

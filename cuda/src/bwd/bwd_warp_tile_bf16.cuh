@@ -68,6 +68,90 @@ __device__ __forceinline__ void warp_tile_mma(float (&d)[2 * NP][4], const bf16*
   }
 }
 
+/// As warp_tile_mma for op(A) times a split op(B) = Bh + Bl: each k-step's A fragment loaded once
+/// for both parts, which go to two accumulators (dh += op(A) Bh, dl += op(A) Bl): two independent
+/// chains of KD / 16 mma each, where one accumulator would chain 2 KD / 16. The caller sums them.
+template <bool TA, bool TB, int NP = 2>
+__device__ __forceinline__ void warp_tile_mma_split_b(float (&dh)[2 * NP][4],
+                                                      float (&dl)[2 * NP][4], const bf16* A,
+                                                      int lda, int i0, const bf16* Bh,
+                                                      const bf16* Bl, int ldb, int n0, int KD) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll 4
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    uint32_t a[4];
+    if constexpr (TA)
+      ldsm4_t(a, A + (k0 + (lane >> 4) * 8 + (lane & 7)) * lda + i0 + ((lane >> 3) & 1) * 8);
+    else
+      ldsm4(a, A + (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+      const int nb = n0 + 16 * p;
+      const int at = TB ? (nb + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8
+                        : frag_b_kn(ldb, k0, nb, lane);
+      uint32_t bh[4], bl[4];
+      if constexpr (TB) {
+        ldsm4(bh, Bh + at);
+        ldsm4(bl, Bl + at);
+      } else {
+        ldsm4_t(bh, Bh + at);
+        ldsm4_t(bl, Bl + at);
+      }
+      mma_bf16(dh[2 * p], a, bh[0], bh[1]);
+      mma_bf16(dh[2 * p + 1], a, bh[2], bh[3]);
+      mma_bf16(dl[2 * p], a, bl[0], bl[1]);
+      mma_bf16(dl[2 * p + 1], a, bl[2], bl[3]);
+    }
+  }
+}
+
+/// As warp_tile_mma for a split op(A) = Ah + Al times a split op(B) = Bh + Bl (Al Bl, below the
+/// split's precision, dropped): each k-step's four fragments loaded once, its three parts into
+/// dhh += Ah Bh, dhl += Ah Bl, dlh += Al Bh (dhl and dlh may be one accumulator): independent
+/// chains of KD / 16 mma (2 KD / 16 for a shared one) where one accumulator would chain 3 KD / 16.
+/// The caller sums the parts, small ones first (parts_sum).
+template <bool TA, bool TB, int NP = 2>
+__device__ __forceinline__ void warp_tile_mma_split(float (&dhh)[2 * NP][4],
+                                                    float (&dhl)[2 * NP][4],
+                                                    float (&dlh)[2 * NP][4], const bf16* Ah,
+                                                    const bf16* Al, int lda, int i0, const bf16* Bh,
+                                                    const bf16* Bl, int ldb, int n0, int KD) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll 2
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    const int aat = TA ? (k0 + (lane >> 4) * 8 + (lane & 7)) * lda + i0 + ((lane >> 3) & 1) * 8
+                       : (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8;
+    uint32_t ah[4], al[4];
+    if constexpr (TA) {
+      ldsm4_t(ah, Ah + aat);
+      ldsm4_t(al, Al + aat);
+    } else {
+      ldsm4(ah, Ah + aat);
+      ldsm4(al, Al + aat);
+    }
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+      const int nb = n0 + 16 * p;
+      const int at = TB ? (nb + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8
+                        : frag_b_kn(ldb, k0, nb, lane);
+      uint32_t bh[4], bl[4];
+      if constexpr (TB) {
+        ldsm4(bh, Bh + at);
+        ldsm4(bl, Bl + at);
+      } else {
+        ldsm4_t(bh, Bh + at);
+        ldsm4_t(bl, Bl + at);
+      }
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        mma_bf16(dhh[2 * p + q], ah, bh[2 * q], bh[2 * q + 1]);
+        mma_bf16(dhl[2 * p + q], ah, bl[2 * q], bl[2 * q + 1]);
+        mma_bf16(dlh[2 * p + q], al, bh[2 * q], bh[2 * q + 1]);
+      }
+    }
+  }
+}
+
 /// The warp's tile d (rows i0 + g, i0 + g + 8; columns n0 + 8 j + 2 t, + 1) at dst (pitch ld), a
 /// pair at a time: fp32 (eight bytes; shared or global memory) or bf16 rounded to nearest (four
 /// bytes; shared memory).
@@ -86,6 +170,27 @@ __device__ __forceinline__ void store_tile(T* dst, int ld, int i0, int n0, const
         *reinterpret_cast<__nv_bfloat162*>(dst + (i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t) =
             __floats2bfloat162_rn(x, y);
     }
+}
+
+/// The warp's tile d (i0 a multiple of 4, n0 of kBwdBf16Slice) into a [rows][V] fp32 tile of the
+/// record kept by value slice (bwd_sliced_index), a pair at a time: U0, X and Y for the bf16 scans.
+__device__ __forceinline__ void store_tile_sliced(float* dst, int rows, int i0, int n0,
+                                                  const float (&d)[4][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // bwd_sliced_index(rows, i0 + r, n0 + c) with (i0 + r) mod 4 = r mod 4 and c < 32
+  float* const at = dst + bwd_sliced_index(rows, i0, n0) + g * kBwdBf16Slice + 2 * t;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(at + 8 * h * kBwdBf16Slice + 8 * (j ^ (g & 3))) =
+          make_float2(d[j][2 * h], d[j][2 * h + 1]);
+}
+
+/// Elements (r, c), (r, c + 1) (c even, below kBwdBf16Slice) of one value slice of such a tile in
+/// shared memory, as the bf16 scans copy it in whole.
+__device__ __forceinline__ float2 sliced_pair(const float* slice, int r, int c) {
+  return *reinterpret_cast<const float2*>(slice + bwd_sliced_index(0, r, c));
 }
 
 /// The warp's 16 x 32 tile d split (split_bf16x2) into bf16 tiles hi and lo of pitch ld (shared
@@ -111,6 +216,69 @@ __device__ __forceinline__ void cp_tile_bf16(bf16* dst, int dp, const bf16* src,
   for (int idx = threadIdx.x; idx < rows * W8; idx += blockDim.x)
     cp16(dst + (idx / W8) * dp + (idx % W8) * 8, src + 8 * idx, true);
 }
+
+/// A [C][PB] bf16 tile of shared memory (its K columns; the padding written as zeros) to the record
+/// as it is (bwd_bf16_record_fits): the raw keys for the bf16 scans' bulk copies.
+__device__ __forceinline__ void store_padded_tile(bf16* dst, const bf16* src) {
+  const int lane = threadIdx.x & 31;  // a warp a row, a lane 16 bytes of it
+  if (lane < PB / 8)
+    for (int i = threadIdx.x >> 5; i < C; i += blockDim.x >> 5)
+      *reinterpret_cast<uint4*>(dst + i * PB + 8 * lane) =
+          lane < K / 8 ? *reinterpret_cast<const uint4*>(src + i * PB + 8 * lane)
+                       : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/// Zeros the padding (columns K .. PB) of `rows` rows of a [rows][PB] bf16 tile of the record.
+__device__ __forceinline__ void zero_tile_padding(bf16* dst, int rows) {
+  for (int i = threadIdx.x; i < rows; i += blockDim.x)
+    *reinterpret_cast<uint4*>(dst + i * PB + K) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+/// One copy group of a bf16 scan: tiles the prep laid out as the scan holds them
+/// (bwd_bf16_record_fits), one contiguous copy a tile, refilled once a chunk. On sm_90: bulk copies
+/// issued by thread 0, completing on the group's mbarrier (its n-th phase: the n-th refill), on
+/// which every thread waits. Before sm_90: 16-byte cp.async by every thread in one commit group,
+/// waited for (kNewer groups committed after it may still be in flight) and published by a block
+/// barrier.
+struct ScanCopyGroup {
+  uint64_t* bar;
+  /// By every thread before the kernel's first block barrier.
+  __device__ __forceinline__ void init() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) mbar_init(bar, 1);
+#endif
+  }
+  /// A refill: `bytes` in all, then its copies (16-byte multiples, 16-byte aligned), then commit.
+  __device__ __forceinline__ void expect(unsigned bytes) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) mbar_expect_tx(bar, bytes);
+#endif
+  }
+  __device__ __forceinline__ void copy(void* dst, const void* src, unsigned bytes) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) bulk_load(dst, src, bytes, bar);
+#else
+    for (unsigned o = 16 * threadIdx.x; o < bytes; o += 16 * blockDim.x)
+      cp16(static_cast<char*>(dst) + o, static_cast<const char*>(src) + o, true);
+#endif
+  }
+  __device__ __forceinline__ void commit() const {
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    cp_commit();
+#endif
+  }
+  /// Until refill n (counted from 0) is complete and visible to the calling thread (before sm_90:
+  /// to the block).
+  template <int kNewer>
+  __device__ __forceinline__ void wait(int n) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    mbar_wait(bar, unsigned(n) & 1u);
+#else
+    cp_wait<kNewer>();
+    __syncthreads();
+#endif
+  }
+};
 
 /// Rows [0, L) of a chunk's [C][K] tile of a raw [B,T,heads,K] bf16 input (batch row b, tokens
 /// from tb, head `head`, strides st) to shared memory of pitch dp by cp.async, 16 bytes a copy,
