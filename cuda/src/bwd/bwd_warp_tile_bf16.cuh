@@ -37,6 +37,41 @@ __device__ __forceinline__ void split_bf16x2(float x, float y, __nv_bfloat162& h
                                           : __floats2bfloat162_rn(x - h.x, y - h.y);
 }
 
+/// This lane's ldmatrix row address for op(A)'s 16 x 16 block at rows i0, k-step k0 (op(A)(i, k) =
+/// TA ? A[k][i] : A[i][k], pitch lda), loaded by load_frag<TA>.
+template <bool TA>
+__device__ __forceinline__ int frag_a_at(int lda, int i0, int k0, int lane) {
+  return TA ? (k0 + (lane >> 4) * 8 + (lane & 7)) * lda + i0 + ((lane >> 3) & 1) * 8
+            : (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8;
+}
+/// This lane's ldmatrix row address for op(B)'s two 16 x 8 blocks at k-step k0, columns nb .. nb +
+/// 16 (op(B)(k, n) = TB ? B[n][k] : B[k][n], pitch ldb), loaded by load_frag<!TB>: r0, r1 the
+/// first n-tile's fragment, r2, r3 the second's.
+template <bool TB>
+__device__ __forceinline__ int frag_b_at(int ldb, int nb, int k0, int lane) {
+  return TB ? (nb + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8
+            : frag_b_kn(ldb, k0, nb, lane);
+}
+/// One ldmatrix x4 at this lane's row address, transposed (.trans) or not.
+template <bool kTrans>
+__device__ __forceinline__ void load_frag(uint32_t (&r)[4], const bf16* at) {
+  if constexpr (kTrans)
+    ldsm4_t(r, at);
+  else
+    ldsm4(r, at);
+}
+
+/// Both parts' fragments (load_frag) of a split op(B) = Bh + Bl at k-step k0, columns nb .. nb
+/// + 16.
+template <bool TB>
+__device__ __forceinline__ void load_split_frag_b(uint32_t (&bh)[4], uint32_t (&bl)[4],
+                                                  const bf16* Bh, const bf16* Bl, int ldb, int nb,
+                                                  int k0, int lane) {
+  const int at = frag_b_at<TB>(ldb, nb, k0, lane);
+  load_frag<!TB>(bh, Bh + at);
+  load_frag<!TB>(bl, Bl + at);
+}
+
 /// Adds op(A)[i0 .. i0 + 16, kb .. KD) op(B)[kb .. KD, n0 .. n0 + 16 NP) to the warp's 16 x 16 NP
 /// tile d (NP = 2: 16 x 32; d[j]: columns n0 + 8 j .. + 8, the mma C layout): bf16 tiles in
 /// shared memory,
@@ -50,18 +85,11 @@ __device__ __forceinline__ void warp_tile_mma(float (&d)[2 * NP][4], const bf16*
 #pragma unroll 4
   for (int k0 = kb; k0 < KD; k0 += 16) {
     uint32_t a[4];
-    if constexpr (TA)
-      ldsm4_t(a, A + (k0 + (lane >> 4) * 8 + (lane & 7)) * lda + i0 + ((lane >> 3) & 1) * 8);
-    else
-      ldsm4(a, A + (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+    load_frag<TA>(a, A + frag_a_at<TA>(lda, i0, k0, lane));
 #pragma unroll
     for (int p = 0; p < NP; ++p) {  // n-tiles 2p, 2p + 1
-      const int nb = n0 + 16 * p;
       uint32_t b[4];
-      if constexpr (TB)
-        ldsm4(b, B + (nb + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8);
-      else
-        ldsm4_t(b, B + frag_b_kn(ldb, k0, nb, lane));
+      load_frag<!TB>(b, B + frag_b_at<TB>(ldb, n0 + 16 * p, k0, lane));
       mma_bf16(d[2 * p], a, b[0], b[1]);
       mma_bf16(d[2 * p + 1], a, b[2], b[3]);
     }
@@ -80,23 +108,11 @@ __device__ __forceinline__ void warp_tile_mma_split_b(float (&dh)[2 * NP][4],
 #pragma unroll 4
   for (int k0 = 0; k0 < KD; k0 += 16) {
     uint32_t a[4];
-    if constexpr (TA)
-      ldsm4_t(a, A + (k0 + (lane >> 4) * 8 + (lane & 7)) * lda + i0 + ((lane >> 3) & 1) * 8);
-    else
-      ldsm4(a, A + (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+    load_frag<TA>(a, A + frag_a_at<TA>(lda, i0, k0, lane));
 #pragma unroll
     for (int p = 0; p < NP; ++p) {
-      const int nb = n0 + 16 * p;
-      const int at = TB ? (nb + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8
-                        : frag_b_kn(ldb, k0, nb, lane);
       uint32_t bh[4], bl[4];
-      if constexpr (TB) {
-        ldsm4(bh, Bh + at);
-        ldsm4(bl, Bl + at);
-      } else {
-        ldsm4_t(bh, Bh + at);
-        ldsm4_t(bl, Bl + at);
-      }
+      load_split_frag_b<TB>(bh, bl, Bh, Bl, ldb, n0 + 16 * p, k0, lane);
       mma_bf16(dh[2 * p], a, bh[0], bh[1]);
       mma_bf16(dh[2 * p + 1], a, bh[2], bh[3]);
       mma_bf16(dl[2 * p], a, bl[0], bl[1]);
@@ -119,29 +135,14 @@ __device__ __forceinline__ void warp_tile_mma_split(float (&dhh)[2 * NP][4],
   const int lane = threadIdx.x & 31;
 #pragma unroll 2
   for (int k0 = 0; k0 < KD; k0 += 16) {
-    const int aat = TA ? (k0 + (lane >> 4) * 8 + (lane & 7)) * lda + i0 + ((lane >> 3) & 1) * 8
-                       : (i0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8;
+    const int aat = frag_a_at<TA>(lda, i0, k0, lane);
     uint32_t ah[4], al[4];
-    if constexpr (TA) {
-      ldsm4_t(ah, Ah + aat);
-      ldsm4_t(al, Al + aat);
-    } else {
-      ldsm4(ah, Ah + aat);
-      ldsm4(al, Al + aat);
-    }
+    load_frag<TA>(ah, Ah + aat);
+    load_frag<TA>(al, Al + aat);
 #pragma unroll
     for (int p = 0; p < NP; ++p) {
-      const int nb = n0 + 16 * p;
-      const int at = TB ? (nb + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8
-                        : frag_b_kn(ldb, k0, nb, lane);
       uint32_t bh[4], bl[4];
-      if constexpr (TB) {
-        ldsm4(bh, Bh + at);
-        ldsm4(bl, Bl + at);
-      } else {
-        ldsm4_t(bh, Bh + at);
-        ldsm4_t(bl, Bl + at);
-      }
+      load_split_frag_b<TB>(bh, bl, Bh, Bl, ldb, n0 + 16 * p, k0, lane);
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         mma_bf16(dhh[2 * p + q], ah, bh[2 * q], bh[2 * q + 1]);
