@@ -78,19 +78,6 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
   }
 }
 
-/// Where bwd_token_grads puts dq, dk of value head j of a group (bp.group > 1). Not `running`: in
-/// the head's own record (R.dq, R.dk), which bwd_group_sum_kernel sums afterwards. `running`: a
-/// running sum over the group in fp32, kept in the record of the group's first value head, by a
-/// block that runs the group's value heads one after another: head 0 writes 0 + x, the next ones
-/// sum + x, the last sum + x rounded to the output dtype, so each element is summed in value-head
-/// order from 0 as bwd_group_sum_kernel sums it (bitwise the same). Each element stays with one
-/// thread over the group (the same warp and lane in every head's pass), so the running sum needs
-/// no synchronisation beyond that thread's program order.
-struct BwdGroupPart {
-  bool running = false;
-  int j = 0;
-};
-
 /// The prologue backwards and the writes, one warp per token: from dq^ (dqh) and dk^ (dkh), [C]
 /// rows of pitch ph in shared memory, the keys k^ (kh, pitch pk: shared memory or the record; or,
 /// kRawKeys, fl(kscale k) from the raw row, bitwise the prep's k^),
@@ -98,16 +85,20 @@ struct BwdGroupPart {
 /// dg (dGs) and dG's share of dbeta (dbs):
 ///   dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out, else qs dq^;
 ///   dv = vscale beta dR, dbeta = dbs + v^ . dR;
-///   dk1 = s (dk^ - k^ (k^ . dk^ + beta v^ . dR)) (Kaczmarz) or dk^, then the qk l2-norm's chain.
+///   dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^, t1 = k^ . dk^ + beta v^ . dR (+ t1_more[i] where
+///   given), then the qk l2-norm's chain.
 /// Lane l holds elements l + 32 m (m < kRowSlots), every global read of a token issued before any
-/// is used. dq, dk go out directly where a key head has one value head; for grouped value heads,
-/// as BwdGroupPart says.
+/// is used. dq, dk go out directly where a key head has one value head, or under kRawKeys (the bf16
+/// input gradients, whose dq^, dk^ are already summed over the key head's value heads: the
+/// prologue is linear in them, and t1_more carries the other value heads' beta v^ . dR); else, for
+/// grouped value heads, into the head's own record (R.dq, R.dk), which bwd_group_sum_kernel sums
+/// afterwards.
 template <class E, bool kRawKeys = false>
 __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepTile& pt, float* rec,
                                                 int K, int V, const float* dqh, const float* dkh,
                                                 int ph, const float* kh, int pk, const float* beta,
                                                 const float* dGs, const float* dbs,
-                                                BwdGroupPart part = {}) {
+                                                const float* t1_more = nullptr) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk;
   constexpr int kRowSlots = kBwdMaxHeadDim / 32;
@@ -119,24 +110,12 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
   const E* vb = static_cast<const E*>(p.v);
   E* dvb = static_cast<E*>(bp.dv);
   const float* rs = rec + R.sc;
-  const bool direct = bp.group == 1, last = part.j == bp.group - 1;
-  float* const sum = bwd_record_of_head(bp, rec, hv, h * bp.group);  // the group's first head's
-  const bool add = part.running && part.j > 0;  // a running sum to read (preloaded below)
-  // x for output element `out`, at `at` floats into a record (BwdGroupPart); `prev` the running
-  // sum there (0 for the group's first value head).
-  auto put = [&](E* out, int64_t at, float x, float prev) {
-    if (direct) {
+  const bool direct = kRawKeys || bp.group == 1;
+  auto put = [&](E* out, int64_t at, float x) {
+    if (direct)
       *out = Dtype<E>::from_float(x);
-    } else if (!part.running) {
+    else
       rec[at] = x;
-    } else {
-      // The kernel mutant bwd_running_sum_restarts drops the value heads before this one.
-      const float s = (KLA_MUTANT(bwd_running_sum_restarts) ? 0.f : prev) + x;
-      if (last)
-        *out = Dtype<E>::from_float(s);
-      else
-        sum[at] = s;
-    }
   };
   for (int i = warp; i < L; i += nwarps) {
     const int64_t t = pt.tb + i, b = pt.sr.b;
@@ -144,7 +123,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
     const E* krow = kb + b * p.ks[0] + t * p.ks[1] + int64_t(h) * p.ks[2];
     const E* vrow = vb + b * p.vs[0] + t * p.vs[1] + int64_t(hv) * p.vs[2];
     const float ks = rs[kScVscale * C + i];
-    float q0[kRowSlots], k0[kRowSlots], vh[kRowSlots], dr[kRowSlots], sq[kRowSlots], sk[kRowSlots];
+    float q0[kRowSlots], k0[kRowSlots], vh[kRowSlots], dr[kRowSlots];
 #pragma unroll
     for (int m = 0; m < kRowSlots; ++m) {
       const int r = lane + 32 * m;
@@ -152,8 +131,6 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       k0[m] = (kRawKeys || p.l2norm == 2) && r < K ? tof(krow[r]) : 0.f;
       vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;  // v^ = vscale v, as the prep computes it
       dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
-      sq[m] = add && r < K ? sum[R.dq + int64_t(i) * K + r] : 0.f;
-      sk[m] = add && r < K ? sum[R.dk + int64_t(i) * K + r] : 0.f;
     }
     const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
     const float kn = rs[kScKnorm * C + i], bi = beta[i];
@@ -171,7 +148,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       if (r >= K) continue;
       const float x = qs * (dqh[i * ph + r] - q0[m] * qn * dot);
       put(static_cast<E*>(bp.dq) + b * bp.dqs[0] + t * bp.dqs[1] + int64_t(h) * bp.dqs[2] + r,
-          R.dq + int64_t(i) * K + r, x, sq[m]);
+          R.dq + int64_t(i) * K + r, x);
     }
     // dv = vscale dv^, dv^ = beta dR; dbeta += v^ . dR; the Kaczmarz share of dk:
     // t1 = k^.dk^ + v^.dv^.
@@ -188,6 +165,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
     }
     vdr = warp_sum(vdr);
     t1 = fmaf(bi, vdr, warp_sum(t1));
+    if (t1_more) t1 += t1_more[i];
     // dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^; then the qk l2-norm's chain through k1 = kn k.
     float dk1[kRowSlots], t2 = 0.f;
 #pragma unroll
@@ -205,11 +183,54 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       if (r >= K) continue;
       const float x = p.l2norm == 2 ? kn * (dk1[m] - k0[m] * kn * t2) : dk1[m];
       put(static_cast<E*>(bp.dk) + b * bp.dks[0] + t * bp.dks[1] + int64_t(h) * bp.dks[2] + r,
-          R.dk + int64_t(i) * K + r, x, sk[m]);
+          R.dk + int64_t(i) * K + r, x);
     }
     if (lane == 0) {
       if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + hv] = dGs[i];
       if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + hv] = dbs[i] + vdr;
+    }
+  }
+}
+
+/// The per-token writes of a value head whose dq^, dk^ are summed into a later value head's (the
+/// bf16 input gradients, a key head's value heads before its last, bwd_token_grads): dv, deta
+/// and dg, one warp a token, as bwd_token_grads writes them; and this head's beta v^ . dR, the
+/// share of it in the last head's t1, added to t1_sum[i] (set by the group's first value head:
+/// `first`). Element i of t1_sum stays with lane 0 of one warp in every head's pass.
+template <class E>
+__device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const PrepTile& pt,
+                                                     const float* rec, int K, int V,
+                                                     const float* beta, const float* dGs,
+                                                     const float* dbs, float* t1_sum, bool first) {
+  const KernelParams& p = bp.f;
+  constexpr int C = kChunk, kRowSlots = kBwdMaxHeadDim / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const BwdRecord R(K, V);
+  for (int i = warp; i < pt.L; i += nwarps) {
+    const int64_t t = pt.tb + i, b = pt.sr.b;
+    const E* vrow =
+        static_cast<const E*>(p.v) + b * p.vs[0] + t * p.vs[1] + int64_t(pt.hv) * p.vs[2];
+    E* dvrow = static_cast<E*>(bp.dv) + b * bp.dvs[0] + t * bp.dvs[1] + int64_t(pt.hv) * bp.dvs[2];
+    const float ks = rec[R.sc + kScVscale * C + i], bi = beta[i];
+    float vh[kRowSlots], dr[kRowSlots], vdr = 0.f;
+#pragma unroll
+    for (int m = 0; m < kRowSlots; ++m) {
+      const int r = lane + 32 * m;
+      vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;
+      dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
+    }
+#pragma unroll
+    for (int m = 0; m < kRowSlots; ++m) {
+      const int r = lane + 32 * m;
+      if (r >= V) continue;
+      vdr = fmaf(vh[m], dr[m], vdr);
+      dvrow[r] = Dtype<E>::from_float(ks * (bi * dr[m]));
+    }
+    vdr = warp_sum(vdr);
+    if (lane == 0) {
+      if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + pt.hv] = dGs[i];
+      if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + pt.hv] = dbs[i] + vdr;
+      t1_sum[i] = (first ? 0.f : t1_sum[i]) + bi * vdr;
     }
   }
 }

@@ -1,6 +1,6 @@
 // Backward, pass 4 under arithmetic FAST for bf16 storage at K = V = 128
 // (bwd_runs_bf16_input_grads): bwd_input_grads_bf16_kernel, one block per (chunk, key head,
-// sequence) running the key head's value heads in turn and summing their dq, dk as it goes, the
+// sequence) running the key head's value heads in turn and summing their dq^, dk^ as it goes, the
 // same gradients as bwd/bwd_chunk_grads.cuh (its file comment has the math) with every product of
 // this pass on bf16 operands:
 //   dR = A^-T dU;  dY S^T, U dS^T, dR S^T (C x K);  dY U^T, dR U^T (C x C);  Q^K^^T, K^K^^T;
@@ -31,10 +31,11 @@
 
 namespace kla::kernels {
 
-/// The gradients of one value head's chunk (pt, L > 0); dq, dk as `part` says (bwd_token_grads).
+/// The gradients of one value head's chunk (pt, L > 0), value head j of its key head's bp.group;
+/// dq, dk once the key head's last value head is done (bwd_input_grads_bf16_kernel).
 template <class E>
 __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, const PrepTile& pt,
-                                                          BwdGroupPart part) {
+                                                          int j) {
   using namespace bwd_bf16;
   const KernelParams& p = bp.f;
   const int L = pt.L, hv = pt.hv;
@@ -78,6 +79,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   float* const gc = eg + C;             // Gamma_Ci
   float* const rowp = gc + C;           // [3][C][4] the row terms' parts, by column quarter
   float* const red = rowp + 3 * C * 4;  // [16] parts of sum(dS o S), one a warp
+  float* const t1_sum = red + kBwdChunkThreads / 32;  // [C] the earlier value heads' beta v^ . dR
 
   // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
   // cp.async; meanwhile, for the key head's first value head, K^, Q^ from the raw rows, scaled and
@@ -246,16 +248,35 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   warp_tile_mma<true, false>(a2, Pmb, PBC, i0, Qhb, PB, n0, C);   // + Pm^T Q^
   warp_tile_mma<false, false>(a2, Zb, PBC, i0, Khb, PB, n0, C);   // + Z K^
   warp_tile_mma<true, false>(a2, Zb, PBC, i0, Khb, PB, n0, C);    // + Z^T K^
+  // dq^, dk^ summed over the key head's value heads in value-head order (the prologue backwards
+  // is linear in them): the earlier heads' sum from the group's first head's record (R.dq, R.dk,
+  // fp32, written there by this thread in the previous head's pass), then either to the record
+  // again or, for the last head, to shared memory for the prologue.
+  const bool last = j == bp.group - 1;
+  float* const sum = bwd_record_of_head(bp, rec, hv, pt.h * bp.group);
+  if (j > 0) {
+    add_tile(a1, sum + R.dq, K, i0, n0);
+    add_tile(a2, sum + R.dk, K, i0, n0);
+  }
+  if (!last) {
+    store_tile(sum + R.dq, K, i0, n0, a1);
+    store_tile(sum + R.dk, K, i0, n0, a2);
+    __syncthreads();
+    bwd_value_head_grads<E>(bp, pt, rec, K, V, beta, dGs, dbs, t1_sum, j == 0);
+    return;
+  }
   store_tile(dqh, PK, i0, n0, a1);
   store_tile(dkh, PK, i0, n0, a2);
   __syncthreads();
-
-  bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs, part);
+  bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs,
+                           j > 0 ? t1_sum : nullptr);
 }
 
-/// Grid (chunk, key head, sequence): the key head's value heads one after another, dq and dk
-/// summed over them in value-head order as they go (BwdGroupPart's running sum), so no key-head
-/// sum kernel follows.
+/// Grid (chunk, key head, sequence): the key head's value heads one after another, their dq^, dk^
+/// summed in value-head order as they go and the prologue backwards run once on the sum (it is
+/// linear in them), so no key-head sum kernel follows. Each element of the running sum stays with
+/// one thread (the same warp and lane in every head's pass), so it needs no synchronisation
+/// beyond that thread's program order.
 template <class E>
 __global__ void __launch_bounds__(kBwdChunkThreads, 1)
     bwd_input_grads_bf16_kernel(const BwdParams bp) {
@@ -266,10 +287,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
     const PrepTile pt = bwd_head_tile(bp.f, h * bp.group + j);
     if (pt.L == 0) return;       // the same for every value head of the chunk
     if (j > 0) __syncthreads();  // the previous value head's last reads of shared memory
-    BwdGroupPart part;
-    part.running = true;
-    part.j = j;
-    bwd_input_grads_bf16_head<E>(bp, pt, part);
+    bwd_input_grads_bf16_head<E>(bp, pt, j);
   }
 }
 

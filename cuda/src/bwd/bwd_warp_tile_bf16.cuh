@@ -173,6 +173,29 @@ __device__ __forceinline__ void store_tile(T* dst, int ld, int i0, int n0, const
     }
 }
 
+/// d += the same elements of a [rows][ld] fp32 tile in global memory (the bf16 input gradients'
+/// running sum of dq^, dk^ over a key head's value heads). The kernel mutant
+/// bwd_running_sum_restarts skips the add, so each key head keeps its last value head's share.
+__device__ __forceinline__ void add_tile(float (&d)[4][4], const float* src, int ld, int i0,
+                                         int n0) {
+  if (KLA_MUTANT(bwd_running_sum_restarts)) return;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float2 x[4][2];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      x[j][h] =
+          *reinterpret_cast<const float2*>(src + int64_t(i0 + g + 8 * h) * ld + n0 + 8 * j + 2 * t);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      d[j][2 * h] += x[j][h].x;
+      d[j][2 * h + 1] += x[j][h].y;
+    }
+}
+
 /// The warp's tile d (i0 a multiple of 4, n0 of kBwdBf16Slice) into a [rows][V] fp32 tile of the
 /// record kept by value slice (bwd_sliced_index), a pair at a time: U0, X and Y for the bf16 scans.
 __device__ __forceinline__ void store_tile_sliced(float* dst, int rows, int i0, int n0,

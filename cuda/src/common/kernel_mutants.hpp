@@ -23,7 +23,8 @@ enum class KernelMutant : int {
   bwd_bf16_truncated,         // bwd/bwd_tiles.cuh: the bf16 input gradients' tiles truncated
   bwd_prep_split_hi_only,     // bwd/bwd_warp_tile_bf16.cuh: bf16 split operands without lo
   bwd_sums_default_stream,    // bwd/bwd_launch.cuh: the key-head sums on the legacy stream
-  bwd_running_sum_restarts,   // bwd/bwd_grads_parts.cuh: each value head's dq, dk replace the sum
+  bwd_running_sum_restarts,   // bwd/bwd_warp_tile_bf16.cuh: each value head's dq^, dk^ replace the
+                              // sum
   bwd_prep_stale_values,      // bwd/bwd_prep_bf16.cuh: the next value head's V rows not fetched
   bwd_prep_x_tile_skipped,    // bwd/bwd_prep_bf16.cuh: each X warp forms one of its two tiles
   bwd_scan_keys_own_record,   // bwd/bwd_state_*_bf16.cuh: the raw keys from the head's own record
