@@ -78,6 +78,13 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
   }
 }
 
+/// Row i's four column-quarter parts in `parts` ([C][4]: the bf16 input gradients' v^ . dR, one
+/// part a warp of the row's), summed in a fixed order.
+__device__ __forceinline__ float quarter_sum(const float* parts, int i) {
+  const float* r = parts + i * 4;
+  return ((r[0] + r[1]) + r[2]) + r[3];
+}
+
 /// The prologue backwards and the writes, one warp per token: from dq^ (dqh) and dk^ (dkh), [C]
 /// rows of pitch ph in shared memory, the keys k^ (kh, pitch pk: shared memory or the record; or,
 /// kRawKeys, fl(kscale k) from the raw row, bitwise the prep's k^),
@@ -92,13 +99,15 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
 /// input gradients, whose dq^, dk^ are already summed over the key head's value heads: the
 /// prologue is linear in them, and t1_more carries the other value heads' beta v^ . dR); else, for
 /// grouped value heads, into the head's own record (R.dq, R.dk), which bwd_group_sum_kernel sums
-/// afterwards.
+/// afterwards. Under kRawKeys the caller has written dv already and gives v^ . dR as parts
+/// (vparts, quarter_sum).
 template <class E, bool kRawKeys = false>
 __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepTile& pt, float* rec,
                                                 int K, int V, const float* dqh, const float* dkh,
                                                 int ph, const float* kh, int pk, const float* beta,
                                                 const float* dGs, const float* dbs,
-                                                const float* t1_more = nullptr) {
+                                                const float* t1_more = nullptr,
+                                                const float* vparts = nullptr) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk;
   constexpr int kRowSlots = kBwdMaxHeadDim / 32;
@@ -129,8 +138,10 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       const int r = lane + 32 * m;
       q0[m] = p.l2norm != 0 && r < K ? tof(qrow[r]) : 0.f;
       k0[m] = (kRawKeys || p.l2norm == 2) && r < K ? tof(krow[r]) : 0.f;
-      vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;  // v^ = vscale v, as the prep computes it
-      dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
+      if constexpr (!kRawKeys) {
+        vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;  // v^ = vscale v, as the prep computes it
+        dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
+      }
     }
     const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
     const float kn = rs[kScKnorm * C + i], bi = beta[i];
@@ -156,14 +167,14 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
 #pragma unroll
     for (int m = 0; m < kRowSlots; ++m) {
       const int r = lane + 32 * m;
-      if (r < V) {
+      if (!kRawKeys && r < V) {
         vdr = fmaf(vh[m], dr[m], vdr);
         dvb[b * bp.dvs[0] + t * bp.dvs[1] + int64_t(hv) * bp.dvs[2] + r] =
             Dtype<E>::from_float(ks * (bi * dr[m]));
       }
       if (r < K) t1 = fmaf(khat(m, r), dkh[i * ph + r], t1);
     }
-    vdr = warp_sum(vdr);
+    vdr = kRawKeys ? quarter_sum(vparts, i) : warp_sum(vdr);
     t1 = fmaf(bi, vdr, warp_sum(t1));
     if (t1_more) t1 += t1_more[i];
     // dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^; then the qk l2-norm's chain through k1 = kn k.
@@ -193,46 +204,21 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
 }
 
 /// The per-token writes of a value head whose dq^, dk^ are summed into a later value head's (the
-/// bf16 input gradients, a key head's value heads before its last, bwd_token_grads): dv, deta
-/// and dg, one warp a token, as bwd_token_grads writes them; and this head's beta v^ . dR, the
-/// share of it in the last head's t1, added to t1_sum[i] (set by the group's first value head:
-/// `first`). Element i of t1_sum stays with lane 0 of one warp in every head's pass.
-template <class E>
+/// bf16 input gradients, a key head's value heads before its last, bwd_token_grads; its dv is
+/// written already): deta = dbs + v^ . dR and dg, a thread a token; and this head's
+/// beta v^ . dR, its share in the last head's t1, added to t1_sum[i] (set by the group's first
+/// value head: `first`). Thread i handles token i in every head's pass.
 __device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const PrepTile& pt,
-                                                     const float* rec, int K, int V,
                                                      const float* beta, const float* dGs,
-                                                     const float* dbs, float* t1_sum, bool first) {
-  const KernelParams& p = bp.f;
-  constexpr int C = kChunk, kRowSlots = kBwdMaxHeadDim / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const BwdRecord R(K, V);
-  for (int i = warp; i < pt.L; i += nwarps) {
-    const int64_t t = pt.tb + i, b = pt.sr.b;
-    const E* vrow =
-        static_cast<const E*>(p.v) + b * p.vs[0] + t * p.vs[1] + int64_t(pt.hv) * p.vs[2];
-    E* dvrow = static_cast<E*>(bp.dv) + b * bp.dvs[0] + t * bp.dvs[1] + int64_t(pt.hv) * bp.dvs[2];
-    const float ks = rec[R.sc + kScVscale * C + i], bi = beta[i];
-    float vh[kRowSlots], dr[kRowSlots], vdr = 0.f;
-#pragma unroll
-    for (int m = 0; m < kRowSlots; ++m) {
-      const int r = lane + 32 * m;
-      vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;
-      dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
-    }
-#pragma unroll
-    for (int m = 0; m < kRowSlots; ++m) {
-      const int r = lane + 32 * m;
-      if (r >= V) continue;
-      vdr = fmaf(vh[m], dr[m], vdr);
-      dvrow[r] = Dtype<E>::from_float(ks * (bi * dr[m]));
-    }
-    vdr = warp_sum(vdr);
-    if (lane == 0) {
-      if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + pt.hv] = dGs[i];
-      if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + pt.hv] = dbs[i] + vdr;
-      t1_sum[i] = (first ? 0.f : t1_sum[i]) + bi * vdr;
-    }
-  }
+                                                     const float* dbs, const float* vparts,
+                                                     float* t1_sum, bool first) {
+  const int i = threadIdx.x;
+  if (i >= pt.L) return;
+  const int64_t t = pt.tb + i, b = pt.sr.b;
+  const float vdr = quarter_sum(vparts, i);
+  if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + pt.hv] = dGs[i];
+  if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + pt.hv] = dbs[i] + vdr;
+  t1_sum[i] = (first ? 0.f : t1_sum[i]) + beta[i] * vdr;
 }
 
 }  // namespace kla::kernels

@@ -31,6 +31,40 @@
 
 namespace kla::kernels {
 
+/// Value head pt.hv, from this warp's dR tile (rows i0.., columns n0..; the mma.sync accumulator
+/// layout: element [j][e] is row i0 + g + 8 (e / 2), column n0 + 8 j + 2 t + e % 2) and the raw v
+/// at the same elements (bf16 pairs): dv = vscale beta dR written out, and the warp's part of
+/// each row's v^ . dR (v^ = vscale v) in vparts[row][warp % 4] (summed over the lane quad in a
+/// fixed order; the four parts by quarter_sum). Rows at or past L are not written.
+template <class E>
+__device__ __forceinline__ void bwd_value_grads_tile(const BwdParams& bp, const PrepTile& pt,
+                                                     const float* rs, const float (&dr)[4][4],
+                                                     const uint32_t (&vraw)[2][4], int i0, int n0,
+                                                     const float* beta, float* vparts) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = i0 + g + 8 * h;
+    const bool ok = row < pt.L;
+    const float vs = ok ? rs[kScVscale * kChunk + row] : 0.f, bi = beta[row];
+    E* dvrow = static_cast<E*>(bp.dv) + pt.sr.b * bp.dvs[0] + (pt.tb + (ok ? row : 0)) * bp.dvs[1] +
+               int64_t(pt.hv) * bp.dvs[2];
+    float part = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 v = Dtype<E>::unpack2(vraw[h][j]);
+      const float x = dr[j][2 * h], y = dr[j][2 * h + 1];
+      part = fmaf(v.y * vs, y, fmaf(v.x * vs, x, part));
+      if (ok)
+        *reinterpret_cast<uint32_t*>(dvrow + n0 + 8 * j + 2 * t) =
+            Dtype<E>::pack2(vs * (bi * x), vs * (bi * y));
+    }
+    part += __shfl_xor_sync(0xffffffffu, part, 1);
+    part += __shfl_xor_sync(0xffffffffu, part, 2);
+    if (t == 0) vparts[row * 4 + ((threadIdx.x >> 5) & 3)] = part;
+  }
+}
+
 /// The gradients of one value head's chunk (pt, L > 0), value head j of its key head's bp.group;
 /// dq, dk once the key head's last value head is done (bwd_input_grads_bf16_kernel).
 template <class E>
@@ -80,6 +114,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   float* const rowp = gc + C;           // [3][C][4] the row terms' parts, by column quarter
   float* const red = rowp + 3 * C * 4;  // [16] parts of sum(dS o S), one a warp
   float* const t1_sum = red + kBwdChunkThreads / 32;  // [C] the earlier value heads' beta v^ . dR
+  float* const vparts = t1_sum + C;                   // [C][4] v^ . dR by column quarter
 
   // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
   // cp.async; meanwhile, for the key head's first value head, K^, Q^ from the raw rows, scaled and
@@ -108,6 +143,22 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     load_scaled_rows(Khb, PB, kb, p.ks, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScKscale * C);
     load_scaled_rows(Qhb, PB, qb, p.qs, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScQscale * C);
   }
+  // The warp's tile of every [C][K] product: rows i0.., columns n0..; of the [C][C] ones, warps
+  // 0-7 own tile (pi0, pn0) of dY U^T and Q^K^^T, warps 8-15 the same tile of dR U^T and K^K^^T.
+  const int i0 = (warp >> 2) * 16, n0 = (warp & 3) * 32;
+  const int pi0 = ((warp & 7) >> 1) * 16, pn0 = (warp & 1) * 32;
+  const bool first_half = warp < 8;
+  // The raw v at this thread's elements of the dR tile (bf16 pairs), read while the copies land.
+  uint32_t vraw[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = i0 + g + 8 * h;
+    const E* vrow = static_cast<const E*>(p.v) + pt.sr.b * p.vs[0] +
+                    (pt.tb + (row < L ? row : 0)) * p.vs[1] + int64_t(hv) * p.vs[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      vraw[h][j] = *reinterpret_cast<const uint32_t*>(vrow + n0 + 8 * j + 2 * t);
+  }
   cp_wait<0>();
   __syncthreads();
   {  // sum(dS o S) over the record's bf16 values: this thread's part, then one a warp (fixed order)
@@ -122,17 +173,12 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     if (lane == 0) red[warp] = carry;
   }
 
-  // The warp's tile of every [C][K] product: rows i0.., columns n0..; of the [C][C] ones, warps
-  // 0-7 own tile (pi0, pn0) of dY U^T and Q^K^^T, warps 8-15 the same tile of dR U^T and K^K^^T.
-  const int i0 = (warp >> 2) * 16, n0 = (warp & 3) * 32;
-  const int pi0 = ((warp & 7) >> 1) * 16, pn0 = (warp & 1) * 32;
-  const bool first_half = warp < 8;
   float a1[4][4] = {}, a2[4][4] = {}, a3[4][4] = {};
   {
     float dr[4][4] = {};
     warp_tile_mma<true, false>(dr, Aib, PBC, i0, dUb, PB, n0, C);  // dR = A^-T dU
     store_tile(dRb, PB, i0, n0, dr);
-    store_tile(rec + R.du, V, i0, n0, dr);  // for the per-token writes
+    bwd_value_grads_tile<E>(bp, pt, rec + R.sc, dr, vraw, i0, n0, beta, vparts);  // dv, v^ . dR
   }
   warp_tile_mma<false, true>(a1, dYb, PB, i0, Sb, PB, n0, V);  // dY S^T
   // Half the warps take dY U^T before dR is complete, the other half U dS^T: the two steps
@@ -261,15 +307,15 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   if (!last) {
     store_tile(sum + R.dq, K, i0, n0, a1);
     store_tile(sum + R.dk, K, i0, n0, a2);
-    __syncthreads();
-    bwd_value_head_grads<E>(bp, pt, rec, K, V, beta, dGs, dbs, t1_sum, j == 0);
+    __syncthreads();  // dg (thread 0's cumulative sum) complete
+    bwd_value_head_grads(bp, pt, beta, dGs, dbs, vparts, t1_sum, j == 0);
     return;
   }
   store_tile(dqh, PK, i0, n0, a1);
   store_tile(dkh, PK, i0, n0, a2);
   __syncthreads();
   bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs,
-                           j > 0 ? t1_sum : nullptr);
+                           j > 0 ? t1_sum : nullptr, vparts);
 }
 
 /// Grid (chunk, key head, sequence): the key head's value heads one after another, their dq^, dk^

@@ -206,12 +206,12 @@ static_assert(kChunk <= kBwdCompiledHeadDim,
               "the bf16 prep's four [C][C + 8] split tiles fit the region of its first ones");
 /// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: two regions of four [C][K + 8] and two
 /// [K][K + 8] bf16 tiles (reused for fp32 results), A^-1, K^, Q^ in bf16, Pa and Da in fp32, the
-/// scalars, the row terms' partial sums, the carried sum's parts (one a warp) and the earlier value
-/// heads' share of t1.
+/// scalars, the row terms' partial sums, the carried sum's parts (one a warp), the earlier value
+/// heads' share of t1 and the parts of v^ . dR.
 constexpr int64_t bwd_input_grads_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
   return 2 * (4 * C * (K + 8) + 2 * K * (K + 8) + C * (C + 8) + 2 * C * (K + 8)) +
-         4 * (2 * C * bwd_pitch(C) + 8 * C + 3 * C * 4 + kBwdChunkThreads / 32);
+         4 * (2 * C * bwd_pitch(C) + 8 * C + 4 * C * 4 + kBwdChunkThreads / 32);
 }
 
 }  // namespace kla::layout
