@@ -4,16 +4,17 @@
 // One record per (chunk slot, value head) (chunk slots as the forward's, chunk_geometry.hpp), all
 // fp32, row-major, C = 64 rows per chunk (rows past the sequence's end zero):
 //   kh, qh [C][K]  the chunk's keys k^ = kscale k and queries q^ = qscale q (read-out scale in);
-//                  v^ = vscale v is not kept: its one reader (bwd_token_grads) scales the raw row
+//                  v^ = vscale v is not kept: its readers scale the raw row
 //   w      [C][K]  W = A^-1 diag(beta e^G) K^            (A = I + L, the chunk system)
 //   u      [C][V]  U0 = A^-1 diag(beta) V^, then U = U0 - W S (the state scan)
 //   du     [C][V]  X = M^T dY (the prep), then dU = X + K_G dS_out (the state-gradient scan), then
-//                  dR = A^-T dU (the input gradients)
+//                  dR = A^-T dU (bwd_chunk_grads_kernel: the bf16 kernel keeps dR on chip)
 //   ainv   [C][C]  A^-1 (lower)
 //   sc     [16][C] per-token scalars (BwdScalar rows)
 //   s, ds  [K][V]  the chunk's incoming state S; Y = Q^^T diag(e^G) dY (the prep), then the
 //                  gradient of the chunk's outgoing state
-//   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards)
+//   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards), or (bf16 kernel) a
+//                  running sum of dq^, dk^ over the group, in its first value head's record
 // Where the bf16 kernels run (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1 also go to the
 // record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below); k^, q^ and W in
 // fp32 are not written (the kernels after the prep scale the raw keys and queries themselves):
