@@ -78,8 +78,8 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
   }
 }
 
-/// Row i's four column-quarter parts in `parts` ([C][4]: the bf16 input gradients' v^ . dR, one
-/// part a warp of the row's), summed in a fixed order.
+/// Row i's four column-quarter parts in `parts` ([C][4]: in the bf16 input gradients, a row
+/// term or v^ . dR, one part a warp of the row's), summed in a fixed order.
 __device__ __forceinline__ float quarter_sum(const float* parts, int i) {
   const float* r = parts + i * 4;
   return ((r[0] + r[1]) + r[2]) + r[3];
@@ -201,24 +201,6 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + hv] = dbs[i] + vdr;
     }
   }
-}
-
-/// The per-token writes of a value head whose dq^, dk^ are summed into a later value head's (the
-/// bf16 input gradients, a key head's value heads before its last, bwd_token_grads; its dv is
-/// written already): deta = dbs + v^ . dR and dg, a thread a token; and this head's
-/// beta v^ . dR, its share in the last head's t1, added to t1_sum[i] (set by the group's first
-/// value head: `first`). Thread i handles token i in every head's pass.
-__device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const PrepTile& pt,
-                                                     const float* beta, const float* dGs,
-                                                     const float* dbs, const float* vparts,
-                                                     float* t1_sum, bool first) {
-  const int i = threadIdx.x;
-  if (i >= pt.L) return;
-  const int64_t t = pt.tb + i, b = pt.sr.b;
-  const float vdr = quarter_sum(vparts, i);
-  if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + pt.hv] = dGs[i];
-  if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + pt.hv] = dbs[i] + vdr;
-  t1_sum[i] = (first ? 0.f : t1_sum[i]) + beta[i] * vdr;
 }
 
 }  // namespace kla::kernels

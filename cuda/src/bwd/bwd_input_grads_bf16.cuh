@@ -59,10 +59,28 @@ __device__ __forceinline__ void bwd_value_grads_tile(const BwdParams& bp, const 
         *reinterpret_cast<uint32_t*>(dvrow + n0 + 8 * j + 2 * t) =
             Dtype<E>::pack2(vs * (bi * x), vs * (bi * y));
     }
-    part += __shfl_xor_sync(0xffffffffu, part, 1);
-    part += __shfl_xor_sync(0xffffffffu, part, 2);
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
     if (t == 0) vparts[row * 4 + ((threadIdx.x >> 5) & 3)] = part;
   }
+}
+
+/// The per-token writes of a value head whose dq^, dk^ are summed into a later value head's (the
+/// bf16 input gradients, a key head's value heads before its last, bwd_token_grads; its dv is
+/// written already): deta = dbs + v^ . dR and dg, a thread a token; and this head's
+/// beta v^ . dR, its share in the last head's t1, added to t1_sum[i] (set by the group's first
+/// value head: `first`). Thread i handles token i in every head's pass.
+__device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const PrepTile& pt,
+                                                     const float* beta, const float* dGs,
+                                                     const float* dbs, const float* vparts,
+                                                     float* t1_sum, bool first) {
+  const int i = threadIdx.x;
+  if (i >= pt.L) return;
+  const int64_t t = pt.tb + i, b = pt.sr.b;
+  const float vdr = quarter_sum(vparts, i);
+  if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + pt.hv] = dGs[i];
+  if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + pt.hv] = dbs[i] + vdr;
+  t1_sum[i] = (first ? 0.f : t1_sum[i]) + beta[i] * vdr;
 }
 
 /// The gradients of one value head's chunk (pt, L > 0), value head j of its key head's bp.group;
@@ -252,10 +270,9 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   }
   if (tid < C) {
     const int i = tid;
-    const float* rq = rowp + i * 4;
-    const float a = ((rq[0] + rq[1]) + rq[2]) + rq[3];
-    const float zk = ((rq[4 * C] + rq[4 * C + 1]) + rq[4 * C + 2]) + rq[4 * C + 3];
-    const float c = ((rq[8 * C] + rq[8 * C + 1]) + rq[8 * C + 2]) + rq[8 * C + 3];
+    const float a = quarter_sum(rowp, i);
+    const float zk = quarter_sum(rowp + 4 * C, i);
+    const float c = quarter_sum(rowp + 8 * C, i);
     const float eG = eg[i], z = gc[i] * zk;
     zs[i] = z;
     dGs[i] = eG * a - z - eG * beta[i] * c;
