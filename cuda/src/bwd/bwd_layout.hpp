@@ -12,14 +12,15 @@
 //   ainv   [C][C]  A^-1 (lower)
 //   sc     [16][C] per-token scalars (BwdScalar rows)
 //   s, ds  [K][V]  the chunk's incoming state S; Y = Q^^T diag(e^G) dY (the prep), then the
-//                  gradient of the chunk's outgoing state
+//                  gradient of the chunk's outgoing state (the bf16 kernels: below)
 //   dq, dk [C][K]  per value head dq, dk (summed over the group afterwards), or (bf16 kernel) a
 //                  running sum of dq^, dk^ over the group, in its first value head's record
 // Where the bf16 kernels run (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1 also go to the
 // record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below); k^, q^ and W in
 // fp32 are not written (the kernels after the prep scale the raw keys and queries themselves):
-// their slots hold W split into two bf16 parts and the raw keys for the two scans, and U0, X, Y
-// are kept by value slice (bwd_bf16_record_fits, below).
+// their slots hold W split into two bf16 parts and the raw keys for the two scans, U0 and X are
+// kept by value slice, and Y is not formed: the ds slot holds the raw queries and dY, from which
+// the state-gradient scan forms Y (bwd_bf16_record_fits, below).
 #pragma once
 
 #include <cstdint>
@@ -71,7 +72,7 @@ enum BwdScalar : int {
 /// Float offsets of one backward record, and (b_*) the bf16 element offsets of its bf16 tiles.
 struct BwdRecord {
   int64_t kh, qh, w, u, du, ainv, sc, s, ds, dq, dk, floats;
-  int64_t b_s, b_u, b_ds, b_du, b_ainv, b_wh, b_wl, b_kr;
+  int64_t b_s, b_u, b_ds, b_du, b_ainv, b_wh, b_wl, b_kr, b_qr, b_do;
   constexpr BwdRecord(int64_t K, int64_t V)
       : kh(0),
         qh(kh + kChunk * K),
@@ -92,7 +93,9 @@ struct BwdRecord {
         b_ainv(b_du + kChunk * V),
         b_wh(2 * kh),
         b_wl(b_wh + kChunk * (K + 8)),
-        b_kr(b_wl + kChunk * (K + 8)) {}
+        b_kr(b_wl + kChunk * (K + 8)),
+        b_qr(2 * ds),
+        b_do(b_qr + kChunk * (K + 8)) {}
 };
 /// Where the bf16 input-gradient kernel runs (bwd_runs_bf16_input_grads), the record holds S, U,
 /// dS, dU and A^-1 as bf16 (rounded to nearest; row pitch K, V or C elements) for it alone, in
@@ -104,15 +107,21 @@ struct BwdRecord {
 ///   - in the kh and qh slots, which that configuration leaves free: W split into bf16 hi + lo
 ///     (bwd/bwd_warp_tile_bf16.cuh split_bf16x2) and the chunk's raw keys (zero rows past the
 ///     sequence's end), each [C][K + 8] bf16 (the 8 padding elements a row zero);
-///   - U0, X and Y (fp32, in the u, du and ds slots) by value slice (bwd_sliced_index).
+///   - U0 and X (fp32, in the u and du slots) by value slice (bwd_sliced_index);
+///   - in the ds slot, for the state-gradient scan to form Y = Q^T diag(qs e^G) dY (the prep does
+///     not): in the key head's first value head's record the chunk's raw queries [C][K + 8] bf16
+///     as the raw keys (b_qr), and in every value head's record the raw dY by value slice (b_do:
+///     slice s [C][VS] bf16 whole).
+/// Value columns of a slice of the bf16 scans (one block each), and the bf16 pitch of their
+/// [rows][slice] tiles (rows 16 bytes apart mod 128: conflict-free ldmatrix).
+constexpr int kBwdBf16Slice = 32, kBwdBf16SlicePitch = kBwdBf16Slice + 8;
 /// Whether the tiles fit their slots:
 constexpr bool bwd_bf16_record_fits(int64_t K, int64_t V) {
   return K * V + kChunk * V <= 2 * K * V && K * V <= 2 * kChunk * K &&
-         kChunk * V + kChunk * kChunk <= 2 * kChunk * K && 3 * kChunk * (K + 8) <= 4 * kChunk * K;
+         kChunk * V + kChunk * kChunk <= 2 * kChunk * K && 3 * kChunk * (K + 8) <= 4 * kChunk * K &&
+         kChunk * (K + 8) + kChunk * V <= 2 * K * V;
 }
-/// Value columns of a slice of the bf16 scans (one block each).
-constexpr int kBwdBf16Slice = 32;
-/// Where element (r, c) of a [rows][V] fp32 tile the bf16 scans read by value slice (U0, X, Y)
+/// Where element (r, c) of a [rows][V] fp32 tile the bf16 scans read by value slice (U0, X)
 /// is kept: slice c / 32 whole ([rows][32], one bulk copy), its columns permuted within each row
 /// by c ^ 8 (r mod 4), so that a half warp's pair reads in the scans (rows i + g, g < 4, columns
 /// c + 2t, t < 4, c a multiple of 8) fall on 32 distinct banks without padding. Pairs and aligned
@@ -166,13 +175,14 @@ constexpr int64_t bwd_state_forward_bf16_smem() {
          kBwdBf16ScanBarrierBytes;
 }
 /// The bf16 state-gradient scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
-/// (bwd/bwd_state_backward_bf16.cuh): one copy stage of the raw keys and W hi, lo [C][K + 8] bf16,
-/// the X [C][VS] and Y [K][VS] slices fp32 (bwd_sliced_index), G and kscale [C]; then dS hi, lo
-/// [K][VS + 8] and dU hi, lo [C][VS + 8] bf16; the barriers.
+/// (bwd/bwd_state_backward_bf16.cuh): one copy stage of the raw keys and queries and W hi, lo
+/// [C][K + 8] bf16, the raw dY slice [C][VS] bf16, the X slice [C][VS] fp32 (bwd_sliced_index),
+/// G, kscale and qscale [C]; then dS hi, lo [K][VS + 8], dU hi, lo and the scaled dY's hi, lo
+/// [C][VS + 8] bf16; the barriers.
 constexpr int64_t bwd_state_backward_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = kBwdBf16Slice;
-  return 2 * (3 * C * (K + 8) + 2 * K * (VS + 8) + 2 * C * (VS + 8)) + 4 * ((C + K) * VS + 2 * C) +
-         kBwdBf16ScanBarrierBytes;
+  return 2 * (4 * C * (K + 8) + C * VS + 2 * K * (VS + 8) + 4 * C * (VS + 8)) +
+         4 * (C * VS + 3 * C) + kBwdBf16ScanBarrierBytes;
 }
 /// The two bf16 scans run side by side (bwd/bwd_launch.cuh: the state-gradient scan launched
 /// programmatically after the state scan, which it does not read): a block of each fits one
@@ -195,16 +205,14 @@ constexpr bool bwd_runs_bf16_input_grads(bool fast, bool bf16, int K, int V) {
 }
 static_assert(bwd_bf16_record_fits(kBwdCompiledHeadDim, kBwdCompiledHeadDim));
 /// The bf16 prep's shared memory (bytes), K = V = kBwdCompiledHeadDim (bwd/bwd_prep_bf16.cuh): the
-/// raw K, Q, V, dO [C][K + 8] bf16; two [C][C + 4] fp32; a region of two [C][C + 8] and two
-/// [C][K + 8] bf16 split tiles (later four [C][C + 8]); the scalars; the inverse's scratch; the
-/// next value head's V, dO [C][K + 8] bf16.
+/// raw K, Q, V, dO [C][K + 8] bf16; two [C][C + 4] fp32; a region of four [C][C + 8] bf16 split
+/// tiles (M's two parts first); the scalars; the inverse's scratch; the next value head's V, dO
+/// [C][K + 8] bf16.
 constexpr int64_t bwd_prep_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
-  return 2 * (4 * C * (K + 8) + 2 * C * (C + 8) + 2 * C * (K + 8)) +
+  return 2 * (4 * C * (K + 8) + 4 * C * (C + 8)) +
          4 * (2 * C * bwd_pitch(C) + 10 * C + kInvScratch) + 2 * (2 * C * (K + 8));
 }
-static_assert(kChunk <= kBwdCompiledHeadDim,
-              "the bf16 prep's four [C][C + 8] split tiles fit the region of its first ones");
 /// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: two regions of four [C][K + 8] and two
 /// [K][K + 8] bf16 tiles (reused for fp32 results), A^-1, K^, Q^ in bf16, Pa and Da in fp32, the
 /// scalars, the row terms' partial sums, the carried sum's parts (one a warp), the earlier value

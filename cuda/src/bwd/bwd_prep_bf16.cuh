@@ -6,22 +6,24 @@
 // scales leave the products:
 //   K^K^^T = diag(ks) (K K^T) diag(ks),   Q^K^^T = diag(qs) (Q K^T) diag(ks)
 //   X = M^T dY,                           M = (Q^K^^T) o Gamma split hi + lo
-//   Y = Q^T (diag(qs e^G) dY),            the scaled dY split hi + lo
 //   W = (A^-1 diag(beta e^G ks)) K,       U0 = (A^-1 diag(beta vs)) V,   the scaled A^-1 split
 // with ks, vs, qs the record's kscale, vscale, qscale. K K^T, Q K^T, the raw key and query rows and
 // ks, vs, qs belong to the key head: they are formed once (the products kept in the warps'
-// accumulators), the rest once per value head. A^-1 (six warps, prep/invert.cuh) and X, Y (the
-// other ten) are formed side by side: neither reads the other. Neither k^ nor q^ goes to the record
-// (the kernels after it scale the raw rows themselves), nor W in fp32: W goes split hi + lo in bf16
-// for the two scans (bwd/bwd_state_forward_bf16.cuh, bwd/bwd_state_backward_bf16.cuh) beside a
-// copy of the raw keys, and U0, X, Y go by value slice, all as the scans' shared memory holds them
-// (bwd_bf16_record_fits); A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh.
+// accumulators), the rest once per value head. A^-1 (six warps, prep/invert.cuh) and X (the
+// other ten) are formed side by side: neither reads the other. Y = Q^^T diag(e^G) dY is not formed
+// here: the state-gradient scan forms it from the raw queries and dY, which go to the record.
+// Neither k^ nor q^ goes to the record (the kernels after it scale the raw rows themselves), nor W
+// in fp32: W goes split hi + lo in bf16 for the two scans (bwd/bwd_state_forward_bf16.cuh,
+// bwd/bwd_state_backward_bf16.cuh) beside copies of the raw keys and queries, and U0, X and the raw
+// dY go by value slice, all as the scans' shared memory holds them (bwd_bf16_record_fits); A^-1 in
+// bf16 for bwd/bwd_input_grads_bf16.cuh.
 //
 // Precision: products of two raw operands are exact (fp32 sums in a fixed order); a split operand
 // (bwd_bf16::split_bf16x2) errs below 2^-18 relative, so every other product below 2^-17: finer
-// than the TF32 prep's one part an operand (2^-10) on every product, the state-gradient path's X,
-// Y and W included, at the tensor-core cost of one TF32 part (two bf16 products of twice the
-// depth). A^-1 as in bwd/bwd_prep.cuh (prep/invert.cuh, fp32 grade), then scaled and split.
+// than the TF32 prep's one part an operand (2^-10) on every product, the state-gradient path's X
+// and W included (and Y, which the scan forms on the same operands), at the tensor-core cost of one
+// TF32 part (two bf16 products of twice the depth). A^-1 as in bwd/bwd_prep.cuh (prep/invert.cuh,
+// fp32 grade), then scaled and split.
 #pragma once
 
 #include <type_traits>
@@ -50,11 +52,11 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   // racecheck orders two warps' accesses by how many barriers each has waited at, and without the
   // padding reports accesses ordered by the next __syncthreads as hazards (as in scan/wy_scan.cuh).
   constexpr int kInvThreads = 32 * kInvWarps, kPrepBarInverse = 1, kPrepBarPad = 2;
-  static_assert(kBwdChunkThreads / 32 == kInvWarps + 10, "ten warps form X and Y");
+  static_assert(kBwdChunkThreads / 32 == kInvWarps + 10, "ten warps form X");
 
   // Shared memory (bwd_prep_bf16_smem): the raw K, Q, V, dO rows [C][PB] bf16; K K^T (then L) and
-  // Q K^T (then A^-1) [C][PC] fp32; the split region: M hi, lo [C][PBC] and diag(qs e^G) dY hi, lo
-  // [C][PB], then A^-1 diag(beta e^G ks) hi, lo and A^-1 diag(beta vs) hi, lo [C][PBC]; the
+  // Q K^T (then A^-1) [C][PC] fp32; the split region: M hi, lo [C][PBC], then A^-1 diag(beta e^G
+  // ks) hi, lo and A^-1 diag(beta vs) hi, lo [C][PBC]; the
   // scalars [10][C] (bwd_prep_scalars); the inverse's scratch; a second V and dO [C][PB], into
   // which the next value head's rows are copied while this one's are used (by the head's parity).
   extern __shared__ float4 smem4[];
@@ -66,19 +68,16 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   float* const Xs = Ls + C * PC;
   bf16* const Mh = reinterpret_cast<bf16*>(Xs + C * PC);
   bf16* const Ml = Mh + C * PBC;
-  bf16* const Dh = Ml + C * PBC;
-  bf16* const Dl = Dh + C * PB;
-  bf16* const Wh = Mh;  // after X and Y
+  bf16* const Wh = Mh;  // after X
   bf16* const Wl = Wh + C * PBC;
   bf16* const Uh = Wl + C * PBC;
   bf16* const Ul = Uh + C * PBC;
-  float* const sc = reinterpret_cast<float*>(Dl + C * PB);
+  float* const sc = reinterpret_cast<float*>(Ul + C * PBC);
   float* const scratch = sc + 10 * C;  // kInvScratch floats (invert_unit_lower)
   bf16* const Vb1 = reinterpret_cast<bf16*>(scratch + kInvScratch);
   bf16* const dYb1 = Vb1 + C * PB;
   const float *const ks = sc, *const vs = sc + 1 * C, *const qs = sc + 4 * C;
-  const float *const beta = sc + 5 * C, *const G = sc + 6 * C, *const bg = sc + 7 * C,
-                     *const eg = sc + 8 * C;
+  const float *const beta = sc + 5 * C, *const G = sc + 6 * C, *const bg = sc + 7 * C;
 
   cp_input_rows(Kb, PB, static_cast<const E*>(p.k), p.ks, pt.sr.b, pt.tb, h, L);
   cp_input_rows(Qb, PB, static_cast<const E*>(p.q), p.qs, pt.sr.b, pt.tb, h, L);
@@ -129,8 +128,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
     bwd_prep_head_scalars(p, L, sc, rec + R.sc);
     if (raw_tile) store_tile(warp < 8 ? Ls : Xs, PC, pi0, pn0, raw);
     __syncthreads();
-    // L_ij = beta_i Gamma_ij k^_i.k^_j (j < i) in place; M_ij = Gamma_ij q^_i.k^_j (j <= i) split;
-    // the read-out's dY scaled, diag(qs e^G) dY, split.
+    // L_ij = beta_i Gamma_ij k^_i.k^_j (j < i) in place; M_ij = Gamma_ij q^_i.k^_j (j <= i) split.
     for (int idx = tid; idx < C * C / 2; idx += kBwdChunkThreads) {
       const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
       float l[2], m[2];
@@ -145,38 +143,24 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
       split_bf16x2(m[0], m[1], *reinterpret_cast<__nv_bfloat162*>(Mh + i * PBC + j),
                    *reinterpret_cast<__nv_bfloat162*>(Ml + i * PBC + j));
     }
-    for (int idx = tid; idx < C * V / 2; idx += kBwdChunkThreads) {
-      const int i = idx / (V / 2), j = 2 * (idx % (V / 2));
-      const float s = qs[i] * eg[i];
-      const float2 y =
-          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dYb + i * PB + j));
-      split_bf16x2(s * y.x, s * y.y, *reinterpret_cast<__nv_bfloat162*>(Dh + i * PB + j),
-                   *reinterpret_cast<__nv_bfloat162*>(Dl + i * PB + j));
-    }
     __syncthreads();
     if (warp < kInvWarps) {
       // A^-1 (prep/invert.cuh) into Xs (Q K^T's, read above), its blocks above the diagonal left
       // unwritten, on the first warps alone, their barriers a named one.
       invert_unit_lower_on(Ls, Xs, scratch, [] { named_bar_sync(kPrepBarInverse, kInvThreads); });
     } else {
-      // Meanwhile the other ten warps form X and Y (neither reads A^-1): 16 x 32 tiles, each as
-      // one warp of the full block formed it (hi part, then lo, into one accumulator).
+      // Meanwhile the other ten warps write what the state-gradient scan forms Y from (the raw
+      // queries, in the key head's first value head's record; the raw dY by value slice) and form
+      // X (neither reads A^-1).
       const int w = warp - kInvWarps;
-      // Y = Q^T D [K][V]: 32 tiles; w 0-1 take four, w 2-9 three (8 k-steps a tile).
-      const int y_first = w < 2 ? 4 * w : 8 + 3 * (w - 2), y_count = w < 2 ? 4 : 3;
-#pragma unroll 1
-      for (int yt = y_first; yt < y_first + y_count; ++yt) {
-        const int yi = 16 * (yt >> 2), yn = 32 * (yt & 3);
-        float y[4][4] = {};
-        warp_tile_mma<true, false>(y, Qb, PB, yi, Dh, PB, yn, C);
-        warp_tile_mma<true, false>(y, Qb, PB, yi, Dl, PB, yn, C);
-        store_tile_sliced(rec + R.ds, K, yi, yn, y);
-      }
-      // X = M^T dY [C][V] (M lower: a tile of rows i takes the k-steps from i): 16 tiles of
-      // 2 (64 - i) / 16 k-steps; w 2-9 take two of one column block, rows 0 and 48 or 16 and 32
-      // (ten k-steps either way).
-      // The kernel mutant bwd_prep_x_tile_skipped forms each warp's first tile alone: X's rows
-      // 32-63 keep what the record held.
+      bf16* const rb = reinterpret_cast<bf16*>(rec);
+      if (jv == 0) store_padded_rows(rb + R.b_qr, Qb, w, kBwdChunkThreads / 32 - kInvWarps);
+      store_slices(rb + R.b_do, dYb, tid - kInvThreads, kBwdChunkThreads - kInvThreads);
+      // X = M^T dY [C][V] (16 x 32 tiles, each as one warp of the full block formed it: hi part,
+      // then lo, into one accumulator; M lower: a tile of rows i takes the k-steps from i): 16
+      // tiles of 2 (64 - i) / 16 k-steps; w 2-9 take two of one column block, rows 0 and 48 or 16
+      // and 32 (ten k-steps either way). The kernel mutant bwd_prep_x_tile_skipped forms each
+      // warp's first tile alone: X's rows 32-63 keep what the record held.
       if (w >= 2) {
         const int xn = 32 * ((w - 2) >> 1), xi0 = (w & 1) ? 16 : 0;
 #pragma unroll 1
@@ -228,7 +212,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
     {  // W's padding, and in the key head's first value head's record the raw keys, as the scans
        // copy them in (bwd_bf16_record_fits)
       bf16* const rb = reinterpret_cast<bf16*>(rec);
-      if (jv == 0) store_padded_tile(rb + R.b_kr, Kb);
+      if (jv == 0) store_padded_rows(rb + R.b_kr, Kb, warp, kBwdChunkThreads / 32);
       zero_tile_padding(rb + R.b_wh, 2 * C);
     }
   }

@@ -4,14 +4,17 @@
 // (sequence, value head, slice of VS = 32 value columns), 8 warps, from the last chunk to the
 // first:
 //   dU = diag(Gamma_C. ks) K dS + X    K the raw keys (exact), dS split hi + lo (two products)
-//   dS <- gamma_C dS + Y - W^T dU      W and dU split hi + lo (three: hi hi, hi lo, lo hi)
-// with k^ = ks k (the record's kscale), X = M^T dY and Y = Q^^T diag(e^G) dY from the prep (fp32).
+//   dS <- gamma_C dS - W^T dU + Y      W and dU split hi + lo (three: hi hi, hi lo, lo hi)
+//   Y = Q^T D                          Q the raw queries (exact), D split hi + lo (two)
+// with k^ = ks k and qs the record's kscale and qscale, X = M^T dY from the prep (fp32), and D =
+// diag(qs e^G) dY split from the raw dY (Y = Q^^T diag(e^G) dY, which the prep forms in the other
+// configurations).
 // Each warp keeps 16 rows of the dS slice in fp32 registers for the whole sequence (the mma
 // accumulators of the update); dS and dU reach the products as split bf16 tiles in shared memory.
-// Per chunk the block copies in W's two parts, the raw keys, the X and Y slices, G and kscale, by
-// bulk copies that one thread issues (the prep lays them out as this kernel holds them:
-// bwd_bf16_record_fits); it writes dS (the gradient of the chunk's outgoing state) and
-// dU to the record in bf16 for bwd/bwd_input_grads_bf16.cuh, their only reader in this
+// Per chunk the block copies in W's two parts, the raw keys and queries, the X and raw dY slices,
+// G, kscale and qscale, by bulk copies that one thread issues (the prep lays them out as this
+// kernel holds them: bwd_bf16_record_fits); it writes dS (the gradient of the chunk's outgoing
+// state) and dU to the record in bf16 for bwd/bwd_input_grads_bf16.cuh, their only reader in this
 // configuration, and at the end d(initial state) in fp32. It reads nothing the state scan writes,
 // so on sm_90 it runs beside it (bwd_launch_beside).
 //
@@ -31,8 +34,8 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
     bwd_state_backward_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
-  __builtin_assume(blockDim.x == kBwdThreads);    // the launcher's (bwd_launch.cuh)
-  constexpr int VS = kBwdBf16Slice, PS = VS + 8;  // bf16 [.][VS] pitch: 80 bytes
+  __builtin_assume(blockDim.x == kBwdThreads);                // the launcher's (bwd_launch.cuh)
+  constexpr int VS = kBwdBf16Slice, PS = kBwdBf16SlicePitch;  // bf16 [.][VS] pitch: 80 bytes
   const KernelParams& p = bp.f;
   const ScanTile blk = scan_tile(p, K, V, VS);
   const int c0 = blk.c0;
@@ -43,20 +46,25 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
   // Shared memory (bwd_state_backward_bf16_smem): one copy stage in two groups (ScanCopyGroup),
-  // the keys' (the raw keys [C][PB] bf16, the X [C][VS] and Y [K][VS] slices (bwd_sliced_index),
-  // G, kscale [C] fp32: read by dU and gamma_C dS + Y) and W's (W hi, lo [C][PB] bf16: read by the
-  // update), each refilled for the next chunk as soon as its readers are done; then dS hi, lo
-  // [K][PS] and -dU hi, lo [C][PS] bf16; the two barriers. One stage (106 KB) fits beside a block
-  // of the state scan (bwd_scans_share_multiprocessors).
+  // the keys' (the raw keys [C][PB] bf16, the X slice [C][VS] fp32 (bwd_sliced_index), G, kscale,
+  // qscale [C] fp32: read by dU and D) and W's (W hi, lo and the raw queries [C][PB], the raw dY
+  // slice [C][VS] bf16: read by the update, D and Y), each refilled for the next chunk as soon as
+  // its readers are done; then dS hi, lo [K][PS], -dU hi, lo and D hi, lo [C][PS] bf16; the two
+  // barriers. In all 121 KB, which fits beside a block of the state scan
+  // (bwd_scans_share_multiprocessors).
   extern __shared__ float4 smem4[];
   bf16* const Kr = reinterpret_cast<bf16*>(smem4);
   float* const X = reinterpret_cast<float*>(Kr + C * PB);
-  float* const Y = X + C * VS;
-  float* const Gs = Y + K * VS;
+  float* const Gs = X + C * VS;
   float* const ks = Gs + C;
-  bf16* const Wh = reinterpret_cast<bf16*>(ks + C);
+  float* const qs = ks + C;
+  bf16* const Wh = reinterpret_cast<bf16*>(qs + C);
   bf16* const Wl = Wh + C * PB;
-  bf16* const Dh = Wl + C * PB;
+  bf16* const Qr = Wl + C * PB;
+  bf16* const dY = Qr + C * PB;
+  bf16* const Yh = dY + C * VS;  // D
+  bf16* const Yl = Yh + C * PS;
+  bf16* const Dh = Yl + C * PS;
   bf16* const Dl = Dh + K * PS;
   bf16* const Uh = Dl + K * PS;
   bf16* const Ul = Uh + C * PS;
@@ -78,26 +86,28 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
   // The two groups, refilled once a chunk from the last: the keys' (refill n: chunk nch - 1 - n),
   // then W's (the same). Rows past the sequence's end arrive as the prep wrote them: zero.
   const ScanCopyGroup kg{reinterpret_cast<uint64_t*>(Ul + C * PS)}, wg{kg.bar + 1};
-  // The raw keys are in the record of the key head's first value head (the same chunk). The
-  // kernel mutant bwd_scan_keys_own_record reads its own head's, which the prep leaves unwritten
-  // there but for the first value head of a group.
+  // The raw keys and queries are in the record of the key head's first value head (the same
+  // chunk). The kernel mutant bwd_scan_keys_own_record reads its own head's, which the prep leaves
+  // unwritten there but for the first value head of a group.
   const float* const kr0 = KLA_MUTANT(bwd_scan_keys_own_record)
                                ? rec0
                                : bwd_record_of_head(bp, rec0, blk.hv, blk.h * bp.group);
-  auto issue_k = [&](int ch) {  // the raw keys, X, Y, G, kscale of chunk ch
+  auto issue_k = [&](int ch) {  // the raw keys, X, G, kscale, qscale of chunk ch
     const float* rec = rec0 + ch * rstep;
-    kg.expect(unsigned(C * PB * 2 + (C + K) * VS * 4 + 2 * C * 4));
+    kg.expect(unsigned(C * PB * 2 + C * VS * 4 + 3 * C * 4));
     kg.copy(Kr, reinterpret_cast<const bf16*>(kr0 + ch * rstep) + R.b_kr, unsigned(C * PB * 2));
     kg.copy(X, rec + R.du + blk.slice * C * VS, unsigned(C * VS * 4));
-    kg.copy(Y, rec + R.ds + blk.slice * K * VS, unsigned(K * VS * 4));
     kg.copy(Gs, rec + R.sc + kScG * C, unsigned(C * 4));
     kg.copy(ks, rec + R.sc + kScKscale * C, unsigned(C * 4));
+    kg.copy(qs, rec + R.sc + kScQscale * C, unsigned(C * 4));
     kg.commit();
   };
-  auto issue_w = [&](int ch) {  // W's parts of chunk ch
-    wg.expect(unsigned(2 * C * PB * 2));
-    wg.copy(Wh, reinterpret_cast<const bf16*>(rec0 + ch * rstep) + R.b_wh,
-            unsigned(2 * C * PB * 2));
+  auto issue_w = [&](int ch) {  // W's parts, the raw queries and dY slice of chunk ch
+    const bf16* rb = reinterpret_cast<const bf16*>(rec0 + ch * rstep);
+    wg.expect(unsigned(3 * C * PB * 2 + C * VS * 2));
+    wg.copy(Wh, rb + R.b_wh, unsigned(2 * C * PB * 2));
+    wg.copy(Qr, reinterpret_cast<const bf16*>(kr0 + ch * rstep) + R.b_qr, unsigned(C * PB * 2));
+    wg.copy(dY, rb + R.b_do + blk.slice * C * VS, unsigned(C * VS * 2));
     wg.commit();
   };
   kg.init();
@@ -137,26 +147,39 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
                      *reinterpret_cast<__nv_bfloat162*>(Ul + i * PS + c));
       }
     }
-    // gamma_C dS + Y on the warp's rows.
+    // gamma_C dS on the warp's rows.
     const float gCd = KLA_MUTANT(bwd_carry_no_gamma) ? 1.f : gC;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float2 y = sliced_pair(Y, i0s + g + 8 * h, 8 * j + 2 * t);
-        s[j][2 * h] = fmaf(gCd, s[j][2 * h], y.x);
-        s[j][2 * h + 1] = fmaf(gCd, s[j][2 * h + 1], y.y);
+      for (int e = 0; e < 4; ++e) s[j][e] *= gCd;
+    wg.wait<0>(step);  // W, Q, dY of chunk ch
+    {  // D = diag(qs e^G) dY split (as the prep splits its operands): eight elements a thread
+      static_assert(C * VS / 8 == kBwdThreads, "a 16-byte unit of dY's slice a thread");
+      const int r = tid >> 2, c8 = 8 * (tid & 3);
+      const float sr = qs[r] * expf(Gs[r]);
+      const uint4 raw = *reinterpret_cast<const uint4*>(dY + r * VS + c8);
+      const uint32_t* e = reinterpret_cast<const uint32_t*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 y = Dtype<bf16>::unpack2(e[j]);
+        split_bf16x2(sr * y.x, sr * y.y,
+                     *reinterpret_cast<__nv_bfloat162*>(Yh + r * PS + c8 + 2 * j),
+                     *reinterpret_cast<__nv_bfloat162*>(Yl + r * PS + c8 + 2 * j));
       }
-    wg.wait<0>(step);  // W of chunk ch
-    __syncthreads();   // -dU complete; the keys' group and dS's split tiles read
+    }
+    __syncthreads();  // -dU and D complete; the keys' group and dS's split tiles read
     if (ch > 0) issue_k(ch - 1);
-    {  // - W^T dU: hi hi into dS, hi lo and lo hi beside it (one chain), then added
-      float x[4][4] = {};
+    {  // - W^T dU: hi hi into dS, hi lo and lo hi beside it (one chain); Y = Q^T D beside them (Q
+       // exact: D's hi, then lo, into one accumulator); then added, the small parts first
+      float x[4][4] = {}, y[4][4] = {};
       warp_tile_mma_split<true, false>(s, x, x, Wh, Wl, PB, i0s, Uh, Ul, PS, 0, C);
+      warp_tile_mma<true, false>(y, Qr, PB, i0s, Yh, PS, 0, C);
+      warp_tile_mma<true, false>(y, Qr, PB, i0s, Yl, PS, 0, C);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] += x[j][e];
+        for (int e = 0; e < 4; ++e) s[j][e] = (s[j][e] + x[j][e]) + y[j][e];
     }
     store_tile_split(Dh, Dl, PS, i0s, 0, s);
   }

@@ -197,7 +197,7 @@ __device__ __forceinline__ void add_tile(float (&d)[4][4], const float* src, int
 }
 
 /// The warp's tile d (i0 a multiple of 4, n0 of kBwdBf16Slice) into a [rows][V] fp32 tile of the
-/// record kept by value slice (bwd_sliced_index), a pair at a time: U0, X and Y for the bf16 scans.
+/// record kept by value slice (bwd_sliced_index), a pair at a time: U0 and X for the bf16 scans.
 __device__ __forceinline__ void store_tile_sliced(float* dst, int rows, int i0, int n0,
                                                   const float (&d)[4][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -242,14 +242,28 @@ __device__ __forceinline__ void cp_tile_bf16(bf16* dst, int dp, const bf16* src,
 }
 
 /// A [C][PB] bf16 tile of shared memory (its K columns; the padding written as zeros) to the record
-/// as it is (bwd_bf16_record_fits): the raw keys for the bf16 scans' bulk copies.
-__device__ __forceinline__ void store_padded_tile(bf16* dst, const bf16* src) {
-  const int lane = threadIdx.x & 31;  // a warp a row, a lane 16 bytes of it
+/// as it is (bwd_bf16_record_fits), by warps w of nw (a warp a row, a lane 16 bytes of it): the raw
+/// keys and queries for the bf16 scans' bulk copies.
+__device__ __forceinline__ void store_padded_rows(bf16* dst, const bf16* src, int w, int nw) {
+  const int lane = threadIdx.x & 31;
   if (lane < PB / 8)
-    for (int i = threadIdx.x >> 5; i < C; i += blockDim.x >> 5)
+    for (int i = w; i < C; i += nw)
       *reinterpret_cast<uint4*>(dst + i * PB + 8 * lane) =
           lane < K / 8 ? *reinterpret_cast<const uint4*>(src + i * PB + 8 * lane)
                        : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/// A [C][V] bf16 tile of shared memory (pitch PB) to the record by value slice, as the
+/// state-gradient scan copies a slice in (bwd_bf16_record_fits, BwdRecord::b_do): slice s [C][S]
+/// whole, 16 bytes a copy, by threads i of n.
+__device__ __forceinline__ void store_slices(bf16* dst, const bf16* src, int i, int n) {
+  constexpr int S8 = kBwdBf16Slice / 8;
+  for (int idx = i; idx < C * V / 8; idx += n) {
+    // idx = (s * C + r) * S8 + c8: dst's 16-byte units in order
+    const int c8 = idx % S8, r = (idx / S8) % C, s = idx / (S8 * C);
+    *reinterpret_cast<uint4*>(dst + 8 * idx) =
+        *reinterpret_cast<const uint4*>(src + r * PB + s * kBwdBf16Slice + 8 * c8);
+  }
 }
 
 /// Zeros the padding (columns K .. PB) of `rows` rows of a [rows][PB] bf16 tile of the record.
