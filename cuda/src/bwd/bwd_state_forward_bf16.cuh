@@ -29,8 +29,8 @@ __global__ void __maxnreg__(kBwdStateForwardBf16Regs)
     bwd_state_forward_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
-  __builtin_assume(blockDim.x == kBwdThreads);    // the launcher's (bwd_launch.cuh)
-  constexpr int VS = kBwdBf16Slice, PS = VS + 8;  // bf16 [.][VS] pitch: 80 bytes
+  __builtin_assume(blockDim.x == kBwdThreads);                // the launcher's (bwd_launch.cuh)
+  constexpr int VS = kBwdBf16Slice, PS = kBwdBf16SlicePitch;  // bf16 [.][VS] pitch: 80 bytes
   const KernelParams& p = bp.f;
   const ScanTile blk = scan_tile(p, K, V, VS);
   const int c0 = blk.c0;

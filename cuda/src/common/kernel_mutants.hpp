@@ -27,7 +27,7 @@ enum class KernelMutant : int {
                               // sum
   bwd_prep_stale_values,      // bwd/bwd_prep_bf16.cuh: the next value head's V rows not fetched
   bwd_prep_x_tile_skipped,    // bwd/bwd_prep_bf16.cuh: each X warp forms one of its two tiles
-  bwd_scan_keys_own_record,   // bwd/bwd_state_*_bf16.cuh: the raw keys from the head's own record
+  bwd_scan_keys_own_record,   // bwd/bwd_state_*_bf16.cuh: raw keys, queries from the head's record
   count
 };
 
