@@ -120,7 +120,7 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
     // initialised.
     __syncthreads();
     issue_w(ch);
-    kg.wait<1>(step);  // K, X, Y, G, kscale of chunk ch (W may still be in flight)
+    kg.wait<1>(step);  // K, X, G, kscale, qscale of chunk ch (W, Q, dY may still be in flight)
     // dS (the chunk's outgoing state's gradient) to the record in bf16: its hi part, rounded to
     // nearest.
     for (int idx = tid; idx < K * (VS / 8); idx += kBwdThreads) {
