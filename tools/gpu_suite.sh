@@ -192,7 +192,7 @@ if [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant bwd_sums_default_stream auto test_cuda_backward
   run_mutant bwd_running_sum_restarts auto test_cuda_backward
   run_mutant bwd_prep_stale_values auto test_cuda_backward
-  run_mutant bwd_prep_x_tile_skipped auto test_cuda_backward
+  run_mutant bwd_scan_x_rows_skipped auto test_cuda_backward
   run_mutant bwd_scan_keys_own_record auto test_cuda_backward
 fi
 # The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64

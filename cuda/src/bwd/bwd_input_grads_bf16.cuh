@@ -93,10 +93,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   const int L = pt.L, hv = pt.hv;
   const BwdRecord R(K, V);
   float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
-  // The thread index read where it is used (asm volatile: not hoisted out of the kernel's loop
-  // over value heads, where every index derived from it would stay live across the pass).
-  int tid;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  const int tid = thread_index_here();
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 
   // Shared memory (bwd_input_grads_bf16_smem). Region 0: dY, U, dU, dR [C][PB] bf16, then Q^K^^T,

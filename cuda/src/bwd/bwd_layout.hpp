@@ -8,7 +8,7 @@
 //   w      [C][K]  W = A^-1 diag(beta e^G) K^            (A = I + L, the chunk system)
 //   u      [C][V]  U0 = A^-1 diag(beta) V^, then U = U0 - W S (the state scan)
 //   du     [C][V]  X = M^T dY (the prep), then dU = X + K_G dS_out (the state-gradient scan), then
-//                  dR = A^-T dU (bwd_chunk_grads_kernel: the bf16 kernel keeps dR on chip)
+//                  dR = A^-T dU (bwd_chunk_grads_kernel; the bf16 kernels keep X and dR on chip)
 //   ainv   [C][C]  A^-1 (lower)
 //   sc     [16][C] per-token scalars (BwdScalar rows)
 //   s, ds  [K][V]  the chunk's incoming state S; Y = Q^^T diag(e^G) dY (the prep), then the
@@ -18,9 +18,10 @@
 // Where the bf16 kernels run (bwd_runs_bf16_input_grads), S, U, dS, dU and A^-1 also go to the
 // record as bf16, for the input-gradient kernel alone (BwdRecord::b_*, below); k^, q^ and W in
 // fp32 are not written (the kernels after the prep scale the raw keys and queries themselves):
-// their slots hold W split into two bf16 parts and the raw keys for the two scans, U0 and X are
-// kept by value slice, and Y is not formed: the ds slot holds the raw queries and dY, from which
-// the state-gradient scan forms Y (bwd_bf16_record_fits, below).
+// their slots hold W split into two bf16 parts and the raw keys for the two scans, U0 is kept by
+// value slice, and neither X nor Y is formed: the du slot holds M's two bf16 parts and the ds slot
+// the raw queries and dY, from which the state-gradient scan forms X and Y (bwd_bf16_record_fits,
+// below).
 #pragma once
 
 #include <cstdint>
@@ -72,7 +73,7 @@ enum BwdScalar : int {
 /// Float offsets of one backward record, and (b_*) the bf16 element offsets of its bf16 tiles.
 struct BwdRecord {
   int64_t kh, qh, w, u, du, ainv, sc, s, ds, dq, dk, floats;
-  int64_t b_s, b_u, b_ds, b_du, b_ainv, b_wh, b_wl, b_kr, b_qr, b_do;
+  int64_t b_s, b_u, b_ds, b_du, b_ainv, b_wh, b_wl, b_kr, b_qr, b_do, b_mh, b_ml;
   constexpr BwdRecord(int64_t K, int64_t V)
       : kh(0),
         qh(kh + kChunk * K),
@@ -95,7 +96,9 @@ struct BwdRecord {
         b_wl(b_wh + kChunk * (K + 8)),
         b_kr(b_wl + kChunk * (K + 8)),
         b_qr(2 * ds),
-        b_do(b_qr + kChunk * (K + 8)) {}
+        b_do(b_qr + kChunk * (K + 8)),
+        b_mh(2 * du),
+        b_ml(b_mh + kChunk * (kChunk + 8)) {}
 };
 /// Where the bf16 input-gradient kernel runs (bwd_runs_bf16_input_grads), the record holds S, U,
 /// dS, dU and A^-1 as bf16 (rounded to nearest; row pitch K, V or C elements) for it alone, in
@@ -107,11 +110,13 @@ struct BwdRecord {
 ///   - in the kh and qh slots, which that configuration leaves free: W split into bf16 hi + lo
 ///     (bwd/bwd_warp_tile_bf16.cuh split_bf16x2) and the chunk's raw keys (zero rows past the
 ///     sequence's end), each [C][K + 8] bf16 (the 8 padding elements a row zero);
-///   - U0 and X (fp32, in the u and du slots) by value slice (bwd_sliced_index);
-///   - in the ds slot, for the state-gradient scan to form Y = Q^T diag(qs e^G) dY (the prep does
-///     not): in the key head's first value head's record the chunk's raw queries [C][K + 8] bf16
-///     as the raw keys (b_qr), and in every value head's record the raw dY by value slice (b_do:
-///     slice s [C][VS] bf16 whole).
+///   - U0 (fp32, in the u slot) by value slice (bwd_sliced_index);
+///   - for the state-gradient scan to form X = M^T dY and Y = Q^T diag(qs e^G) dY (the prep forms
+///     neither): in the du slot M's two parts, M = (Q^K^^T) o Gamma split hi + lo, each [C][C + 8]
+///     bf16 (b_mh, b_ml; the padding zero); in the ds slot, in the key head's first value head's
+///     record, the chunk's raw queries [C][K + 8] bf16 as the raw keys (b_qr), and in every value
+///     head's record the raw dY by value slice (b_do: slice s [C][VS + 8] bf16 whole, the padding
+///     zero).
 /// Value columns of a slice of the bf16 scans (one block each), and the bf16 pitch of their
 /// [rows][slice] tiles (rows 16 bytes apart mod 128: conflict-free ldmatrix).
 constexpr int kBwdBf16Slice = 32, kBwdBf16SlicePitch = kBwdBf16Slice + 8;
@@ -119,9 +124,10 @@ constexpr int kBwdBf16Slice = 32, kBwdBf16SlicePitch = kBwdBf16Slice + 8;
 constexpr bool bwd_bf16_record_fits(int64_t K, int64_t V) {
   return K * V + kChunk * V <= 2 * K * V && K * V <= 2 * kChunk * K &&
          kChunk * V + kChunk * kChunk <= 2 * kChunk * K && 3 * kChunk * (K + 8) <= 4 * kChunk * K &&
-         kChunk * (K + 8) + kChunk * V <= 2 * K * V;
+         2 * kChunk * (kChunk + 8) <= 2 * kChunk * V && V % kBwdBf16Slice == 0 &&
+         kChunk * (K + 8) + (V / kBwdBf16Slice) * kChunk * kBwdBf16SlicePitch <= 2 * K * V;
 }
-/// Where element (r, c) of a [rows][V] fp32 tile the bf16 scans read by value slice (U0, X)
+/// Where element (r, c) of a [rows][V] fp32 tile the bf16 scans read by value slice (U0)
 /// is kept: slice c / 32 whole ([rows][32], one bulk copy), its columns permuted within each row
 /// by c ^ 8 (r mod 4), so that a half warp's pair reads in the scans (rows i + g, g < 4, columns
 /// c + 2t, t < 4, c a multiple of 8) fall on 32 distinct banks without padding. Pairs and aligned
@@ -176,13 +182,14 @@ constexpr int64_t bwd_state_forward_bf16_smem() {
 }
 /// The bf16 state-gradient scan's shared memory (bytes), K = V = kBwdCompiledHeadDim, VS = 32
 /// (bwd/bwd_state_backward_bf16.cuh): one copy stage of the raw keys and queries and W hi, lo
-/// [C][K + 8] bf16, the raw dY slice [C][VS] bf16, the X slice [C][VS] fp32 (bwd_sliced_index),
-/// G, kscale and qscale [C]; then dS hi, lo [K][VS + 8], dU hi, lo and the scaled dY's hi, lo
-/// [C][VS + 8] bf16; the barriers.
+/// [C][K + 8] bf16, M hi, lo [C][C + 8] bf16, the raw dY slice [C][VS + 8] bf16, G, kscale and
+/// qscale [C]; then dS hi, lo [K][VS + 8], dU hi, lo and the scaled dY's hi, lo [C][VS + 8] bf16;
+/// the barriers.
 constexpr int64_t bwd_state_backward_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk, VS = kBwdBf16Slice;
-  return 2 * (4 * C * (K + 8) + C * VS + 2 * K * (VS + 8) + 4 * C * (VS + 8)) +
-         4 * (C * VS + 3 * C) + kBwdBf16ScanBarrierBytes;
+  return 2 * (4 * C * (K + 8) + 2 * C * (C + 8) + C * (VS + 8) + 2 * K * (VS + 8) +
+              4 * C * (VS + 8)) +
+         4 * (3 * C) + kBwdBf16ScanBarrierBytes;
 }
 /// The two bf16 scans run side by side (bwd/bwd_launch.cuh: the state-gradient scan launched
 /// programmatically after the state scan, which it does not read): a block of each fits one

@@ -5,23 +5,22 @@
 // tiles, bwd/bwd_warp_tile_bf16.cuh). The raw bf16 inputs are exact bf16 operands, so the per-token
 // scales leave the products:
 //   K^K^^T = diag(ks) (K K^T) diag(ks),   Q^K^^T = diag(qs) (Q K^T) diag(ks)
-//   X = M^T dY,                           M = (Q^K^^T) o Gamma split hi + lo
+//   M = (Q^K^^T) o Gamma split hi + lo
 //   W = (A^-1 diag(beta e^G ks)) K,       U0 = (A^-1 diag(beta vs)) V,   the scaled A^-1 split
 // with ks, vs, qs the record's kscale, vscale, qscale. K K^T, Q K^T, the raw key and query rows and
 // ks, vs, qs belong to the key head: they are formed once (the products kept in the warps'
-// accumulators), the rest once per value head. A^-1 (six warps, prep/invert.cuh) and X (the
-// other ten) are formed side by side: neither reads the other. Y = Q^^T diag(e^G) dY is not formed
-// here: the state-gradient scan forms it from the raw queries and dY, which go to the record.
-// Neither k^ nor q^ goes to the record (the kernels after it scale the raw rows themselves), nor W
-// in fp32: W goes split hi + lo in bf16 for the two scans (bwd/bwd_state_forward_bf16.cuh,
-// bwd/bwd_state_backward_bf16.cuh) beside copies of the raw keys and queries, and U0, X and the raw
-// dY go by value slice, all as the scans' shared memory holds them (bwd_bf16_record_fits); A^-1 in
-// bf16 for bwd/bwd_input_grads_bf16.cuh.
+// accumulators), the rest once per value head. While six warps form A^-1 (prep/invert.cuh), the
+// other ten write M's parts, the raw queries and dY. X = M^T dY and Y = Q^^T diag(e^G) dY are not
+// formed here: the state-gradient scan forms them from those. Neither k^ nor q^ goes to the record
+// (the kernels after it scale the raw rows themselves), nor W in fp32: W goes split hi + lo in bf16
+// for the two scans (bwd/bwd_state_forward_bf16.cuh, bwd/bwd_state_backward_bf16.cuh) beside copies
+// of the raw keys and queries, and U0 and the raw dY go by value slice, all as the scans' shared
+// memory holds them (bwd_bf16_record_fits); A^-1 in bf16 for bwd/bwd_input_grads_bf16.cuh.
 //
 // Precision: products of two raw operands are exact (fp32 sums in a fixed order); a split operand
 // (bwd_bf16::split_bf16x2) errs below 2^-18 relative, so every other product below 2^-17: finer
-// than the TF32 prep's one part an operand (2^-10) on every product, the state-gradient path's X
-// and W included (and Y, which the scan forms on the same operands), at the tensor-core cost of one
+// than the TF32 prep's one part an operand (2^-10) on every product, the state-gradient path's W
+// included (and X and Y, which the scan forms on such operands), at the tensor-core cost of one
 // TF32 part (two bf16 products of twice the depth). A^-1 as in bwd/bwd_prep.cuh (prep/invert.cuh,
 // fp32 grade), then scaled and split.
 #pragma once
@@ -52,7 +51,6 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   // racecheck orders two warps' accesses by how many barriers each has waited at, and without the
   // padding reports accesses ordered by the next __syncthreads as hazards (as in scan/wy_scan.cuh).
   constexpr int kInvThreads = 32 * kInvWarps, kPrepBarInverse = 1, kPrepBarPad = 2;
-  static_assert(kBwdChunkThreads / 32 == kInvWarps + 10, "ten warps form X");
 
   // Shared memory (bwd_prep_bf16_smem): the raw K, Q, V, dO rows [C][PB] bf16; K K^T (then L) and
   // Q K^T (then A^-1) [C][PC] fp32; the split region: M hi, lo [C][PBC], then A^-1 diag(beta e^G
@@ -68,7 +66,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   float* const Xs = Ls + C * PC;
   bf16* const Mh = reinterpret_cast<bf16*>(Xs + C * PC);
   bf16* const Ml = Mh + C * PBC;
-  bf16* const Wh = Mh;  // after X
+  bf16* const Wh = Mh;  // once M is written
   bf16* const Wl = Wh + C * PBC;
   bf16* const Uh = Wl + C * PBC;
   bf16* const Ul = Uh + C * PBC;
@@ -149,34 +147,19 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
       // unwritten, on the first warps alone, their barriers a named one.
       invert_unit_lower_on(Ls, Xs, scratch, [] { named_bar_sync(kPrepBarInverse, kInvThreads); });
     } else {
-      // Meanwhile the other ten warps write what the state-gradient scan forms Y from (the raw
-      // queries, in the key head's first value head's record; the raw dY by value slice) and form
-      // X (neither reads A^-1).
-      const int w = warp - kInvWarps;
+      // Meanwhile the other ten warps write what the state-gradient scan forms X and Y from (M's
+      // parts; the raw queries, in the key head's first value head's record; the raw dY by value
+      // slice): none of it reads A^-1.
+      const int ti = thread_index_here() - kInvThreads, tn = kBwdChunkThreads - kInvThreads;
       bf16* const rb = reinterpret_cast<bf16*>(rec);
-      if (jv == 0) store_padded_rows(rb + R.b_qr, Qb, w, kBwdChunkThreads / 32 - kInvWarps);
-      store_slices(rb + R.b_do, dYb, tid - kInvThreads, kBwdChunkThreads - kInvThreads);
-      // X = M^T dY [C][V] (16 x 32 tiles, each as one warp of the full block formed it: hi part,
-      // then lo, into one accumulator; M lower: a tile of rows i takes the k-steps from i): 16
-      // tiles of 2 (64 - i) / 16 k-steps; w 2-9 take two of one column block, rows 0 and 48 or 16
-      // and 32 (ten k-steps either way). The kernel mutant bwd_prep_x_tile_skipped forms each
-      // warp's first tile alone: X's rows 32-63 keep what the record held.
-      if (w >= 2) {
-        const int xn = 32 * ((w - 2) >> 1), xi0 = (w & 1) ? 16 : 0;
-#pragma unroll 1
-        for (int r = 0; r < (KLA_MUTANT(bwd_prep_x_tile_skipped) ? 1 : 2); ++r) {
-          const int xi = r == 0 ? xi0 : 48 - xi0;
-          float x[4][4] = {};
-          warp_tile_mma<true, false>(x, Mh, PBC, xi, dYb, PB, xn, C, xi);
-          warp_tile_mma<true, false>(x, Ml, PBC, xi, dYb, PB, xn, C, xi);
-          store_tile_sliced(rec + R.du, C, xi, xn, x);
-        }
-      }
+      store_padded_rows<C>(rb + R.b_mh, Mh, 2 * C, ti, tn);  // M hi, lo: one [2C][PBC] tile
+      if (jv == 0) store_padded_rows<K>(rb + R.b_qr, Qb, C, ti, tn);
+      store_slices(rb + R.b_do, dYb, ti, tn);
 #pragma unroll
       for (int i = 0; i < kInvBarriers; ++i)
         named_bar_sync(kPrepBarPad, kBwdChunkThreads - kInvThreads);
     }
-    __syncthreads();  // A^-1 complete; the products above done with the split region
+    __syncthreads();  // A^-1 complete; M written from the split region
     // A^-1 (zero above its diagonal blocks) to the record in bf16, and split with its column
     // scales: A^-1 diag(beta e^G ks) and A^-1 diag(beta vs). Four columns of one 16-block a step.
     for (int idx = tid; idx < C * C / 4; idx += kBwdChunkThreads) {
@@ -212,7 +195,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
     {  // W's padding, and in the key head's first value head's record the raw keys, as the scans
        // copy them in (bwd_bf16_record_fits)
       bf16* const rb = reinterpret_cast<bf16*>(rec);
-      if (jv == 0) store_padded_rows(rb + R.b_kr, Kb, warp, kBwdChunkThreads / 32);
+      if (jv == 0) store_padded_rows<K>(rb + R.b_kr, Kb, C, thread_index_here(), kBwdChunkThreads);
       zero_tile_padding(rb + R.b_wh, 2 * C);
     }
   }

@@ -4,14 +4,15 @@
 // (sequence, value head, slice of VS = 32 value columns), 8 warps, from the last chunk to the
 // first:
 //   dU = diag(Gamma_C. ks) K dS + X    K the raw keys (exact), dS split hi + lo (two products)
+//   X = M^T dY                         M split hi + lo by the prep (two), dY raw (exact)
 //   dS <- gamma_C dS - W^T dU + Y      W and dU split hi + lo (three: hi hi, hi lo, lo hi)
 //   Y = Q^T D                          Q the raw queries (exact), D split hi + lo (two)
-// with k^ = ks k and qs the record's kscale and qscale, X = M^T dY from the prep (fp32), and D =
-// diag(qs e^G) dY split from the raw dY (Y = Q^^T diag(e^G) dY, which the prep forms in the other
+// with k^ = ks k and qs the record's kscale and qscale, M = (Q^K^^T) o Gamma, and D = diag(qs e^G)
+// dY split from the raw dY (X and Y = Q^^T diag(e^G) dY, which the prep forms in the other
 // configurations).
 // Each warp keeps 16 rows of the dS slice in fp32 registers for the whole sequence (the mma
 // accumulators of the update); dS and dU reach the products as split bf16 tiles in shared memory.
-// Per chunk the block copies in W's two parts, the raw keys and queries, the X and raw dY slices,
+// Per chunk the block copies in W's and M's two parts, the raw keys and queries, the raw dY slice,
 // G, kscale and qscale, by bulk copies that one thread issues (the prep lays them out as this
 // kernel holds them: bwd_bf16_record_fits); it writes dS (the gradient of the chunk's outgoing
 // state) and dU to the record in bf16 for bwd/bwd_input_grads_bf16.cuh, their only reader in this
@@ -46,23 +47,23 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
   // Shared memory (bwd_state_backward_bf16_smem): one copy stage in two groups (ScanCopyGroup),
-  // the keys' (the raw keys [C][PB] bf16, the X slice [C][VS] fp32 (bwd_sliced_index), G, kscale,
-  // qscale [C] fp32: read by dU and D) and W's (W hi, lo and the raw queries [C][PB], the raw dY
-  // slice [C][VS] bf16: read by the update, D and Y), each refilled for the next chunk as soon as
-  // its readers are done; then dS hi, lo [K][PS], -dU hi, lo and D hi, lo [C][PS] bf16; the two
-  // barriers. In all 121 KB, which fits beside a block of the state scan
-  // (bwd_scans_share_multiprocessors).
+  // the keys' (the raw keys [C][PB], M hi, lo [C][PBC], the raw dY slice [C][PS] bf16, G, kscale,
+  // qscale [C] fp32: read by dU, X and D) and W's (W hi, lo and the raw queries [C][PB] bf16: read
+  // by the update and Y), each refilled for the next chunk as soon as its readers are done; then
+  // dS hi, lo [K][PS], -dU hi, lo and D hi, lo [C][PS] bf16; the two barriers. In all 132 KB,
+  // which fits beside a block of the state scan (bwd_scans_share_multiprocessors).
   extern __shared__ float4 smem4[];
   bf16* const Kr = reinterpret_cast<bf16*>(smem4);
-  float* const X = reinterpret_cast<float*>(Kr + C * PB);
-  float* const Gs = X + C * VS;
+  bf16* const Mh = Kr + C * PB;
+  bf16* const Ml = Mh + C * PBC;
+  bf16* const dY = Ml + C * PBC;
+  float* const Gs = reinterpret_cast<float*>(dY + C * PS);
   float* const ks = Gs + C;
   float* const qs = ks + C;
   bf16* const Wh = reinterpret_cast<bf16*>(qs + C);
   bf16* const Wl = Wh + C * PB;
   bf16* const Qr = Wl + C * PB;
-  bf16* const dY = Qr + C * PB;
-  bf16* const Yh = dY + C * VS;  // D
+  bf16* const Yh = Qr + C * PB;  // D
   bf16* const Yl = Yh + C * PS;
   bf16* const Dh = Yl + C * PS;
   bf16* const Dl = Dh + K * PS;
@@ -92,22 +93,23 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
   const float* const kr0 = KLA_MUTANT(bwd_scan_keys_own_record)
                                ? rec0
                                : bwd_record_of_head(bp, rec0, blk.hv, blk.h * bp.group);
-  auto issue_k = [&](int ch) {  // the raw keys, X, G, kscale, qscale of chunk ch
+  auto issue_k = [&](int ch) {  // the raw keys, M's parts, the raw dY slice, G, kscale, qscale
     const float* rec = rec0 + ch * rstep;
-    kg.expect(unsigned(C * PB * 2 + C * VS * 4 + 3 * C * 4));
+    const bf16* rb = reinterpret_cast<const bf16*>(rec);
+    kg.expect(unsigned(C * PB * 2 + 2 * C * PBC * 2 + C * PS * 2 + 3 * C * 4));
     kg.copy(Kr, reinterpret_cast<const bf16*>(kr0 + ch * rstep) + R.b_kr, unsigned(C * PB * 2));
-    kg.copy(X, rec + R.du + blk.slice * C * VS, unsigned(C * VS * 4));
+    kg.copy(Mh, rb + R.b_mh, unsigned(2 * C * PBC * 2));
+    kg.copy(dY, rb + R.b_do + blk.slice * C * PS, unsigned(C * PS * 2));
     kg.copy(Gs, rec + R.sc + kScG * C, unsigned(C * 4));
     kg.copy(ks, rec + R.sc + kScKscale * C, unsigned(C * 4));
     kg.copy(qs, rec + R.sc + kScQscale * C, unsigned(C * 4));
     kg.commit();
   };
-  auto issue_w = [&](int ch) {  // W's parts, the raw queries and dY slice of chunk ch
+  auto issue_w = [&](int ch) {  // W's parts and the raw queries of chunk ch
     const bf16* rb = reinterpret_cast<const bf16*>(rec0 + ch * rstep);
-    wg.expect(unsigned(3 * C * PB * 2 + C * VS * 2));
+    wg.expect(unsigned(3 * C * PB * 2));
     wg.copy(Wh, rb + R.b_wh, unsigned(2 * C * PB * 2));
     wg.copy(Qr, reinterpret_cast<const bf16*>(kr0 + ch * rstep) + R.b_qr, unsigned(C * PB * 2));
-    wg.copy(dY, rb + R.b_do + blk.slice * C * VS, unsigned(C * VS * 2));
     wg.commit();
   };
   kg.init();
@@ -120,13 +122,21 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
     // initialised.
     __syncthreads();
     issue_w(ch);
-    kg.wait<1>(step);  // K, X, G, kscale, qscale of chunk ch (W, Q, dY may still be in flight)
+    kg.wait<1>(step);  // K, M, dY, G, kscale, qscale of chunk ch (W, Q may still be in flight)
     // dS (the chunk's outgoing state's gradient) to the record in bf16: its hi part, rounded to
     // nearest.
     for (int idx = tid; idx < K * (VS / 8); idx += kBwdThreads) {
       const int r = idx / (VS / 8), c8 = (idx % (VS / 8)) * 8;
       *reinterpret_cast<uint4*>(rb + R.b_ds + int64_t(r) * V + c0 + c8) =
           *reinterpret_cast<const uint4*>(Dh + r * PS + c8);
+    }
+    // X = M^T dY on the warp's tile (M lower: the k-steps from i0u), as the prep forms it in the
+    // other configurations: M's hi part, then lo, into one accumulator. The kernel mutant
+    // bwd_scan_x_rows_skipped leaves X's rows 32-63 zero.
+    float xm[2][4] = {};
+    if (!(KLA_MUTANT(bwd_scan_x_rows_skipped) && i0u >= 32)) {
+      warp_tile_mma<true, false, 1>(xm, Mh, PBC, i0u, dY, PS, n0u, C, i0u);
+      warp_tile_mma<true, false, 1>(xm, Ml, PBC, i0u, dY, PS, n0u, C, i0u);
     }
     float u[2][2][4] = {};  // K dS on the warp's tile: K times hi, times lo (two chains)
     warp_tile_mma_split_b<false, false, 1>(u[0], u[1], Kr, PB, i0u, Dh, Dl, PS, n0u, K);
@@ -139,9 +149,8 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int c = n0u + 8 * j + 2 * t;
-        const float2 xi = sliced_pair(X, i, c);
-        const float x = fmaf(f, u[0][j][2 * h] + u[1][j][2 * h], xi.x),
-                    y = fmaf(f, u[0][j][2 * h + 1] + u[1][j][2 * h + 1], xi.y);
+        const float x = fmaf(f, u[0][j][2 * h] + u[1][j][2 * h], xm[j][2 * h]),
+                    y = fmaf(f, u[0][j][2 * h + 1] + u[1][j][2 * h + 1], xm[j][2 * h + 1]);
         *reinterpret_cast<uint32_t*>(rb + R.b_du + int64_t(i) * V + c0 + c) = round_bf16x2(x, y);
         split_bf16x2(-x, -y, *reinterpret_cast<__nv_bfloat162*>(Uh + i * PS + c),
                      *reinterpret_cast<__nv_bfloat162*>(Ul + i * PS + c));
@@ -153,12 +162,11 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] *= gCd;
-    wg.wait<0>(step);  // W, Q, dY of chunk ch
     {  // D = diag(qs e^G) dY split (as the prep splits its operands): eight elements a thread
       static_assert(C * VS / 8 == kBwdThreads, "a 16-byte unit of dY's slice a thread");
       const int r = tid >> 2, c8 = 8 * (tid & 3);
       const float sr = qs[r] * expf(Gs[r]);
-      const uint4 raw = *reinterpret_cast<const uint4*>(dY + r * VS + c8);
+      const uint4 raw = *reinterpret_cast<const uint4*>(dY + r * PS + c8);
       const uint32_t* e = reinterpret_cast<const uint32_t*>(&raw);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -168,7 +176,8 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
                      *reinterpret_cast<__nv_bfloat162*>(Yl + r * PS + c8 + 2 * j));
       }
     }
-    __syncthreads();  // -dU and D complete; the keys' group and dS's split tiles read
+    wg.wait<0>(step);  // W, Q of chunk ch
+    __syncthreads();   // -dU and D complete; the keys' group and dS's split tiles read
     if (ch > 0) issue_k(ch - 1);
     {  // - W^T dU: hi hi into dS, hi lo and lo hi beside it (one chain); Y = Q^T D beside them (Q
        // exact: D's hi, then lo, into one accumulator); then added, the small parts first

@@ -21,6 +21,14 @@ template <class E, bool kFast, int kHD>
 constexpr bool kBwdBf16Record = bwd_runs_bf16_input_grads(kFast, std::is_same_v<E, __nv_bfloat16>,
                                                           kHD, kHD);
 
+/// The thread index, read where it is used (asm volatile): not hoisted out of a kernel's loop over
+/// value heads, where every index derived from it would stay live across the pass (and spill).
+__device__ __forceinline__ int thread_index_here() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
 /// The record of chunk c of sequence n (token range sr) for value head hv.
 __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const SeqRange& sr, int c,
                                              int hv) {

@@ -197,7 +197,7 @@ __device__ __forceinline__ void add_tile(float (&d)[4][4], const float* src, int
 }
 
 /// The warp's tile d (i0 a multiple of 4, n0 of kBwdBf16Slice) into a [rows][V] fp32 tile of the
-/// record kept by value slice (bwd_sliced_index), a pair at a time: U0 and X for the bf16 scans.
+/// record kept by value slice (bwd_sliced_index), a pair at a time: U0 for the bf16 state scan.
 __device__ __forceinline__ void store_tile_sliced(float* dst, int rows, int i0, int n0,
                                                   const float (&d)[4][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -241,28 +241,30 @@ __device__ __forceinline__ void cp_tile_bf16(bf16* dst, int dp, const bf16* src,
     cp16(dst + (idx / W8) * dp + (idx % W8) * 8, src + 8 * idx, true);
 }
 
-/// A [C][PB] bf16 tile of shared memory (its K columns; the padding written as zeros) to the record
-/// as it is (bwd_bf16_record_fits), by warps w of nw (a warp a row, a lane 16 bytes of it): the raw
-/// keys and queries for the bf16 scans' bulk copies.
-__device__ __forceinline__ void store_padded_rows(bf16* dst, const bf16* src, int w, int nw) {
-  const int lane = threadIdx.x & 31;
-  if (lane < PB / 8)
-    for (int i = w; i < C; i += nw)
-      *reinterpret_cast<uint4*>(dst + i * PB + 8 * lane) =
-          lane < K / 8 ? *reinterpret_cast<const uint4*>(src + i * PB + 8 * lane)
-                       : make_uint4(0u, 0u, 0u, 0u);
+/// A [rows][W + 8] bf16 tile of shared memory (its W columns; the padding written as zeros) to the
+/// record as it is (bwd_bf16_record_fits), 16 bytes a copy, by threads i of n: the raw keys and
+/// queries and M's two parts, for the bf16 scans' bulk copies.
+template <int W>
+__device__ __forceinline__ void store_padded_rows(bf16* dst, const bf16* src, int rows, int i,
+                                                  int n) {
+  constexpr int U = (W + 8) / 8;  // 16-byte units a row, the last one padding
+  for (int idx = i; idx < rows * U; idx += n)
+    *reinterpret_cast<uint4*>(dst + 8 * idx) = idx % U < U - 1
+                                                   ? *reinterpret_cast<const uint4*>(src + 8 * idx)
+                                                   : make_uint4(0u, 0u, 0u, 0u);
 }
 
 /// A [C][V] bf16 tile of shared memory (pitch PB) to the record by value slice, as the
-/// state-gradient scan copies a slice in (bwd_bf16_record_fits, BwdRecord::b_do): slice s [C][S]
-/// whole, 16 bytes a copy, by threads i of n.
+/// state-gradient scan copies a slice in (bwd_bf16_record_fits, BwdRecord::b_do): slice s
+/// [C][kBwdBf16SlicePitch] whole (the padding zero), 16 bytes a copy, by threads i of n.
 __device__ __forceinline__ void store_slices(bf16* dst, const bf16* src, int i, int n) {
-  constexpr int S8 = kBwdBf16Slice / 8;
-  for (int idx = i; idx < C * V / 8; idx += n) {
-    // idx = (s * C + r) * S8 + c8: dst's 16-byte units in order
-    const int c8 = idx % S8, r = (idx / S8) % C, s = idx / (S8 * C);
+  constexpr int U = kBwdBf16SlicePitch / 8;  // 16-byte units a slice's row, the last one padding
+  for (int idx = i; idx < (V / kBwdBf16Slice) * C * U; idx += n) {
+    // idx = (s * C + r) * U + u: dst's 16-byte units in order
+    const int u = idx % U, r = (idx / U) % C, s = idx / (U * C);
     *reinterpret_cast<uint4*>(dst + 8 * idx) =
-        *reinterpret_cast<const uint4*>(src + r * PB + s * kBwdBf16Slice + 8 * c8);
+        u < U - 1 ? *reinterpret_cast<const uint4*>(src + r * PB + s * kBwdBf16Slice + 8 * u)
+                  : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 

@@ -26,7 +26,7 @@ enum class KernelMutant : int {
   bwd_running_sum_restarts,   // bwd/bwd_warp_tile_bf16.cuh: each value head's dq^, dk^ replace the
                               // sum
   bwd_prep_stale_values,      // bwd/bwd_prep_bf16.cuh: the next value head's V rows not fetched
-  bwd_prep_x_tile_skipped,    // bwd/bwd_prep_bf16.cuh: each X warp forms one of its two tiles
+  bwd_scan_x_rows_skipped,    // bwd/bwd_state_backward_bf16.cuh: X's rows 32-63 left zero
   bwd_scan_keys_own_record,   // bwd/bwd_state_*_bf16.cuh: raw keys, queries from the head's record
   count
 };
@@ -48,7 +48,7 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_sums_default_stream",
                                                      "bwd_running_sum_restarts",
                                                      "bwd_prep_stale_values",
-                                                     "bwd_prep_x_tile_skipped",
+                                                     "bwd_scan_x_rows_skipped",
                                                      "bwd_scan_keys_own_record"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
