@@ -212,7 +212,7 @@ __device__ __forceinline__ void store_tile_sliced(float* dst, int rows, int i0, 
 }
 
 /// Elements (r, c), (r, c + 1) (c even, below kBwdBf16Slice) of one value slice of such a tile in
-/// shared memory, as the bf16 scans copy it in whole.
+/// shared memory, as the bf16 state scan copies it in whole (U0).
 __device__ __forceinline__ float2 sliced_pair(const float* slice, int r, int c) {
   return *reinterpret_cast<const float2*>(slice + bwd_sliced_index(0, r, c));
 }
