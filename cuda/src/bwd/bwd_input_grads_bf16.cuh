@@ -18,8 +18,8 @@
 // order inside one); sum(dS o S) (the carried state's share of dg) over the same bf16 values in a
 // fixed order; the row terms (q^ . (S dy)-like dots), the [C][C] sums of dG and dbeta and the
 // prologue backwards in fp32 from fp32 values, as bwd/bwd_chunk_grads.cuh. The state-gradient path
-// (X, Y and the dS scan) stays at one TF32 part an operand or finer (the bf16 prep's
-// split operands): rounding it to one bf16 part too makes d(initial state) err 1.31-1.36x FLA's,
+// (X, Y and the dS scan) stays at one TF32 part an operand or finer (operands split into two bf16
+// parts): rounding it to one bf16 part too makes d(initial state) err 1.31-1.36x FLA's,
 // while bf16 operands here keep every gradient at most 0.95x FLA's error (docs/prefill_notes.md,
 // round 2 sessions 11 and 13).
 #pragma once
