@@ -124,6 +124,7 @@
 #include <utility>
 #include <vector>
 
+#include "bwd/bwd_layout.hpp"
 #include "harness.hpp"
 #include "kla/ref/grad.hpp"
 
@@ -933,6 +934,99 @@ TEST(CudaBackward, BitwiseDeterministic) {
                                   << dtype_name(dt) << " " << arithmetic_name(arith) << " "
                                   << rerun_hint();
     }
+}
+
+/// Sequence n of a packed problem (B = 1, cu_seqlens, no padding) as a problem of its own: the
+/// same inputs, upstream gradients and initial state, each tensor's rows of that sequence (a
+/// contiguous range in every layout).
+Problem sequence_problem(const Problem& p, int n) {
+  const Config& c = p.d.cfg;
+  const int64_t t0 = c.cu_seqlens[n], t1 = c.cu_seqlens[n + 1];
+  Problem s;
+  s.c = p.c;
+  Config& sc = s.c.cfg;
+  sc = c;
+  sc.T = int(t1 - t0);
+  sc.cu_seqlens = {0, sc.T};
+  s.d.cfg = sc;
+  static_cast<Strides&>(s.d) = row_major_strides(sc.shape(), 0, 0, 0);
+  const auto rows = [&](const std::vector<float>& x, int64_t stride) {
+    return x.empty() ? x : std::vector<float>(x.begin() + t0 * stride, x.begin() + t1 * stride);
+  };
+  const auto head = [&](const std::vector<float>& x) {  // [N,HV,K,V]: sequence n's
+    const int64_t per = int64_t(c.HV) * c.K * c.V;
+    return x.empty() ? x : std::vector<float>(x.begin() + n * per, x.begin() + (n + 1) * per);
+  };
+  s.d.q = rows(p.d.q, p.d.qs[1]);
+  s.d.k = rows(p.d.k, p.d.qs[1]);
+  s.d.v = rows(p.d.v, p.d.vs[1]);
+  s.d.g = rows(p.d.g, p.d.gs[1]);
+  s.d.eta = rows(p.d.eta, p.d.gs[1]);
+  s.d.s0 = head(p.d.s0);
+  s.d_o = rows(p.d_o, p.d.os[1]);
+  s.d_final = head(p.d_final);
+  s.g_max = p.g_max;
+  return s;
+}
+
+/// The bf16 prep (FAST, bf16, K = V = 128) takes several chunks a block where the call has blocks
+/// to spare (bwd_prep_chunks), copying a chunk's rows while the one before is prepared: a packed
+/// call of many sequences prepares chunk groups that end inside a sequence, at its ragged last
+/// chunk or past its end, while each of its sequences called alone takes one chunk a block (the
+/// schedule CudaBackward.FastBf16AgainstMpfr checks against MPFR). Sequences are independent and
+/// the record does not depend on the grouping, so every gradient of each sequence in the packed
+/// call equals, bit for bit, its own call's. The kernel mutant bwd_prep_next_chunk_keys_skipped
+/// (the next chunk's keys not copied) fails here.
+TEST(CudaBackward, FastBf16PackedCallMatchesEachSequenceAlone) {
+  KLA_REQUIRE_GPU();
+  int dev_id = 0, sms = 0;
+  KLA_CUDA_CHECK(cudaGetDevice(&dev_id));
+  KLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
+  Case k{"packed", {}, Decay::mild, true, true, KLA_ARITHMETIC_FAST};
+  Config& c = k.cfg;
+  c.dtype = KLA_DTYPE_BF16;
+  c.B = 1, c.H = 4, c.HV = 8, c.K = c.V = 128;
+  c.eps = 1e-6f;
+  c.seed = base_seed() + 9100;
+  // Forty sequences of 1 to 1150 tokens (fresh lengths each run), one of them a whole number of
+  // chunks and one a single token.
+  std::mt19937_64 rng(c.seed);
+  c.cu_seqlens = {0};
+  for (int n = 0; n < 40; ++n) {
+    const int len = n == 0 ? 1 : n == 1 ? 4 * kChunkLen : 1 + int(rng() % 1150);
+    c.cu_seqlens.push_back(c.cu_seqlens.back() + len);
+  }
+  c.T = c.cu_seqlens.back();
+  const int64_t max_chunks = (c.longest() + kChunkLen - 1) / kChunkLen;
+  const int grouped = kla::layout::bwd_prep_chunks(max_chunks, c.H, c.N(), sms);
+  ASSERT_GT(grouped, 1) << "the packed call must group chunks (" << sms << " multiprocessors)";
+  const Problem p = make_problem(k);
+  std::array<std::vector<unsigned char>, kGrads> packed;
+  {
+    DeviceBackward dev(p);
+    packed = dev.run(dev.params());
+  }
+  const std::size_t es = dtype_size(c.dtype);
+  // Bytes a token of each gradient in the packed layout; dh0 by sequence.
+  const std::array<std::size_t, kGrads> per_token = {
+      std::size_t(p.d.qs[1]) * es, std::size_t(p.d.qs[1]) * es, std::size_t(p.d.vs[1]) * es,
+      std::size_t(p.d.gs[1]) * 4,  std::size_t(p.d.gs[1]) * 4,  0};
+  const std::size_t state_bytes = std::size_t(c.HV) * c.K * c.V * 4;
+  for (int n = 0; n < c.N(); ++n) {
+    const Problem s = sequence_problem(p, n);
+    ASSERT_EQ(kla::layout::bwd_prep_chunks((s.d.cfg.T + kChunkLen - 1) / kChunkLen, c.H, 1, sms),
+              1);
+    DeviceBackward dev(s);
+    const auto alone = dev.run(dev.params());
+    const int64_t t0 = c.cu_seqlens[n], len = s.d.cfg.T;
+    for (int g = 0; g < kGrads; ++g) {
+      const std::size_t at = g == kDh0 ? n * state_bytes : t0 * per_token[g];
+      const std::size_t bytes = g == kDh0 ? state_bytes : len * per_token[g];
+      EXPECT_EQ(std::memcmp(packed[g].data() + at, alone[g].data(), bytes), 0)
+          << kGradNames[g] << " of sequence " << n << " (" << len << " tokens from " << t0
+          << ") differs from its own call, prep chunks a block " << grouped << " " << rerun_hint();
+    }
+  }
 }
 
 /// The backward captured in a CUDA graph on a non-blocking stream and replayed equals the direct

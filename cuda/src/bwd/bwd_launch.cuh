@@ -111,9 +111,11 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
   if (p.max_chunks > 0) {
     what = "the backward prep";
     if constexpr (kBwdBf16Record<E, kFast, kHD>) {
-      // One block per key head, its value heads in turn (the key head's products formed once).
-      const dim3 heads(unsigned(p.max_chunks), unsigned(p.H), unsigned(p.N));
-      if (cudaError_t e = bwd_launch(bwd_prep_bf16_kernel<E>, heads, bwd_prep_bf16_smem(), bp,
+      // One block per key head and bp.prep_chunks chunks, a chunk's value heads in turn (the key
+      // head's products formed once a chunk).
+      const dim3 groups(unsigned((p.max_chunks + bp.prep_chunks - 1) / bp.prep_chunks),
+                        unsigned(p.H), unsigned(p.N));
+      if (cudaError_t e = bwd_launch(bwd_prep_bf16_kernel<E>, groups, bwd_prep_bf16_smem(), bp,
                                      stream, kBwdChunkThreads))
         return e;
     } else {

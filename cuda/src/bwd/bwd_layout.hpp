@@ -214,11 +214,22 @@ static_assert(bwd_bf16_record_fits(kBwdCompiledHeadDim, kBwdCompiledHeadDim));
 /// The bf16 prep's shared memory (bytes), K = V = kBwdCompiledHeadDim (bwd/bwd_prep_bf16.cuh): the
 /// raw K, Q, V, dO [C][K + 8] bf16; two [C][C + 4] fp32; a region of four [C][C + 8] bf16 split
 /// tiles (M's two parts first); the scalars; the inverse's scratch; the next value head's V, dO
-/// [C][K + 8] bf16.
+/// and the next chunk's K [C][K + 8] bf16.
 constexpr int64_t bwd_prep_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
   return 2 * (4 * C * (K + 8) + 4 * C * (C + 8)) +
-         4 * (2 * C * bwd_pitch(C) + 10 * C + kInvScratch) + 2 * (2 * C * (K + 8));
+         4 * (2 * C * bwd_pitch(C) + 10 * C + kInvScratch) + 2 * (3 * C * (K + 8));
+}
+/// Chunks a block of the bf16 prep takes in turn (bwd/bwd_prep_bf16.cuh; BwdParams::prep_chunks):
+/// while a chunk's last value head is prepared, the next chunk's rows are copied in, which a block
+/// of one chunk waits for at its start. As many as leave at least kBwdPrepMinWaves blocks a
+/// multiprocessor (max_chunks chunks of the longest sequence, `heads` key heads, n sequences, sms
+/// multiprocessors; one block a multiprocessor), at most kBwdPrepMaxChunks, at least 1.
+constexpr int kBwdPrepMaxChunks = 4, kBwdPrepMinWaves = 4;
+constexpr int bwd_prep_chunks(int64_t max_chunks, int64_t heads, int64_t n, int64_t sms) {
+  int c = kBwdPrepMaxChunks;
+  while (c > 1 && ((max_chunks + c - 1) / c) * heads * n < kBwdPrepMinWaves * sms) c /= 2;
+  return c;
 }
 /// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: two regions of four [C][K + 8] and two
 /// [K][K + 8] bf16 tiles (reused for fp32 results), A^-1, K^, Q^ in bf16, Pa and Da in fp32, the

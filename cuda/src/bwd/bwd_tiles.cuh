@@ -35,14 +35,15 @@ __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const S
   return bp.ws + (chunk_slot(bp.f, n, sr, c) * bp.f.HV + hv) * bp.rec_floats;
 }
 
-/// prep_tile for value head hv of this block's chunk and sequence, in the kernels whose grid has
+/// prep_tile for value head hv of chunk c of this block's sequence, in the kernels whose grid has
 /// key heads in y and runs a key head's value heads in turn (the bf16 prep and input gradients;
 /// prep_tile reads y as a value head: hv and its key head replace them).
+__device__ __forceinline__ PrepTile bwd_head_tile(const KernelParams& p, int c, int hv) {
+  return prep_tile_at(p, c, hv, int(blockIdx.z));
+}
+/// The same of this block's chunk (grid x).
 __device__ __forceinline__ PrepTile bwd_head_tile(const KernelParams& p, int hv) {
-  PrepTile t = prep_tile(p);
-  t.hv = hv;
-  t.h = key_head(p, hv);
-  return t;
+  return bwd_head_tile(p, int(blockIdx.x), hv);
 }
 
 /// The record of value head `to` in the chunk whose record for value head `from` is rec: a chunk's

@@ -326,7 +326,7 @@ struct ScanCopyGroup {
 __device__ __forceinline__ void cp_input_rows(bf16* dst, int dp, const bf16* base,
                                               const int64_t* st, int64_t b, int64_t tb, int head,
                                               int L) {
-  for (int idx = threadIdx.x; idx < C * (K / 8); idx += blockDim.x) {
+  for (int idx = thread_index_here(); idx < C * (K / 8); idx += blockDim.x) {
     const int i = idx / (K / 8), c8 = (idx % (K / 8)) * 8;
     const bool ok = i < L;
     cp16(dst + i * dp + c8,

@@ -15,15 +15,30 @@ struct PrepTile {
   SeqRange sr;
   int64_t tb;
 };
-__device__ __forceinline__ PrepTile prep_tile(const KernelParams& p) {
-  PrepTile t;
-  t.c = int(blockIdx.x), t.hv = int(blockIdx.y), t.n = int(blockIdx.z);
-  t.h = key_head(p, t.hv);
-  t.sr = seq_range(p, t.n);
+/// t's L and tb from its chunk t.c and sequence range t.sr.
+__device__ __forceinline__ void prep_tile_rows(PrepTile& t) {
   const int64_t cs = int64_t(t.c) * kChunk;
   t.L = cs >= t.sr.len ? 0 : int(t.sr.len - cs < kChunk ? t.sr.len - cs : kChunk);
   t.tb = t.sr.t0 + cs;
+}
+/// Chunk c of sequence n for value head hv.
+__device__ __forceinline__ PrepTile prep_tile_at(const KernelParams& p, int c, int hv, int n) {
+  PrepTile t;
+  t.c = c, t.hv = hv, t.n = n;
+  t.h = key_head(p, t.hv);
+  t.sr = seq_range(p, t.n);
+  prep_tile_rows(t);
   return t;
+}
+/// The tile of the chunk after t's, same sequence and heads (L = 0 past the sequence's end).
+__device__ __forceinline__ PrepTile next_chunk_tile(PrepTile t) {
+  ++t.c;
+  prep_tile_rows(t);
+  return t;
+}
+/// The block's tile: chunk blockIdx.x, value head blockIdx.y, sequence blockIdx.z.
+__device__ __forceinline__ PrepTile prep_tile(const KernelParams& p) {
+  return prep_tile_at(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z));
 }
 
 /// Threads [0, kChunk) load their token's eta and log decay (0 past L) into bet / Gv, which
