@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   for (int cc = 0;; ++cc) {
     const int L = pt.L;
     bf16* const Kb = cc & 1 ? Kb1 : Kb0;
-    // Whether the block has a next chunk: its rows are copied during this chunk's last head.
+    // Whether the block has a next chunk (next_chunk_tile(pt).L > 0, written out: that form
+    // schedules the kernel differently): its rows are copied during this chunk's last head.
     const bool more = cc + 1 < bp.prep_chunks && int64_t(pt.c + 1) * C < pt.sr.len;
     // This chunk's first head's eta and g (the previous chunk's last reads of them were before the
     // barrier ahead of its W and U0); then its rows, copied during that chunk, visible.

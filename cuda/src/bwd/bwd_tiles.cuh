@@ -35,9 +35,9 @@ __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const S
   return bp.ws + (chunk_slot(bp.f, n, sr, c) * bp.f.HV + hv) * bp.rec_floats;
 }
 
-/// prep_tile for value head hv of chunk c of this block's sequence, in the kernels whose grid has
-/// key heads in y and runs a key head's value heads in turn (the bf16 prep and input gradients;
-/// prep_tile reads y as a value head: hv and its key head replace them).
+/// The tile of value head hv, chunk c, this block's sequence (grid z), in the kernels whose grid
+/// has key heads in y and runs a key head's value heads in turn (the bf16 prep and input
+/// gradients, where prep_tile would read y as a value head).
 __device__ __forceinline__ PrepTile bwd_head_tile(const KernelParams& p, int c, int hv) {
   return prep_tile_at(p, c, hv, int(blockIdx.z));
 }
