@@ -969,14 +969,15 @@ Problem sequence_problem(const Problem& p, int n) {
   return s;
 }
 
-/// The bf16 prep (FAST, bf16, K = V = 128) takes several chunks a block where the call has blocks
-/// to spare (bwd_prep_chunks), copying a chunk's rows while the one before is prepared: a packed
-/// call of many sequences prepares chunk groups that end inside a sequence, at its ragged last
-/// chunk or past its end, while each of its sequences called alone takes one chunk a block (the
-/// schedule CudaBackward.FastBf16AgainstMpfr checks against MPFR). Sequences are independent and
-/// the record does not depend on the grouping, so every gradient of each sequence in the packed
-/// call equals, bit for bit, its own call's. The kernel mutant bwd_prep_next_chunk_keys_skipped
-/// (the next chunk's keys not copied) fails here.
+/// The bf16 prep and input gradients (FAST, bf16, K = V = 128) take several chunks a block where
+/// the call has blocks to spare (bwd_block_chunks), copying a chunk's first tiles while the one
+/// before is worked on: a packed call of many sequences runs chunk groups that end inside a
+/// sequence, at its ragged last chunk or past its end, while each of its sequences called alone
+/// takes one chunk a block (the schedule CudaBackward.FastBf16AgainstMpfr checks against MPFR).
+/// Sequences are independent and neither the record nor the gradients depend on the grouping, so
+/// every gradient of each sequence in the packed call equals, bit for bit, its own call's. The
+/// kernel mutants bwd_prep_next_chunk_keys_skipped (the prep's next chunk's keys not copied) and
+/// bwd_grads_next_states_skipped (the input gradients' next head's S not copied) fail here.
 TEST(CudaBackward, FastBf16PackedCallMatchesEachSequenceAlone) {
   KLA_REQUIRE_GPU();
   int dev_id = 0, sms = 0;
@@ -998,7 +999,7 @@ TEST(CudaBackward, FastBf16PackedCallMatchesEachSequenceAlone) {
   }
   c.T = c.cu_seqlens.back();
   const int64_t max_chunks = (c.longest() + kChunkLen - 1) / kChunkLen;
-  const int grouped = kla::layout::bwd_prep_chunks(max_chunks, c.H, c.N(), sms);
+  const int grouped = kla::layout::bwd_block_chunks(max_chunks, c.H, c.N(), sms);
   ASSERT_GT(grouped, 1) << "the packed call must group chunks (" << sms << " multiprocessors)";
   const Problem p = make_problem(k);
   std::array<std::vector<unsigned char>, kGrads> packed;
@@ -1014,7 +1015,7 @@ TEST(CudaBackward, FastBf16PackedCallMatchesEachSequenceAlone) {
   const std::size_t state_bytes = std::size_t(c.HV) * c.K * c.V * 4;
   for (int n = 0; n < c.N(); ++n) {
     const Problem s = sequence_problem(p, n);
-    ASSERT_EQ(kla::layout::bwd_prep_chunks((s.d.cfg.T + kChunkLen - 1) / kChunkLen, c.H, 1, sms),
+    ASSERT_EQ(kla::layout::bwd_block_chunks((s.d.cfg.T + kChunkLen - 1) / kChunkLen, c.H, 1, sms),
               1);
     DeviceBackward dev(s);
     const auto alone = dev.run(dev.params());
@@ -1024,7 +1025,7 @@ TEST(CudaBackward, FastBf16PackedCallMatchesEachSequenceAlone) {
       const std::size_t bytes = g == kDh0 ? state_bytes : len * per_token[g];
       EXPECT_EQ(std::memcmp(packed[g].data() + at, alone[g].data(), bytes), 0)
           << kGradNames[g] << " of sequence " << n << " (" << len << " tokens from " << t0
-          << ") differs from its own call, prep chunks a block " << grouped << " " << rerun_hint();
+          << ") differs from its own call, chunks a block " << grouped << " " << rerun_hint();
     }
   }
 }

@@ -1399,33 +1399,34 @@ TEST(PlanProperties, RandomShapesAndDevices) {
 
 }  // namespace
 
-// The bf16 backward prep's chunks a block (bwd_prep_chunks): as many as keep at least
-// kBwdPrepMinWaves blocks a multiprocessor, a power of two up to kBwdPrepMaxChunks; one where the
-// blocks are few. The benchmark's cases on 132 multiprocessors: 1 x 32768 and 8 sequences take 4,
-// 1 x 8192 takes 2 (docs/prefill_notes.md, round 2 session 24).
-TEST(PlanBackward, PrepChunksKeepEnoughBlocks) {
-  using kla::layout::bwd_prep_chunks;
-  using kla::layout::kBwdPrepMaxChunks;
-  using kla::layout::kBwdPrepMinWaves;
-  EXPECT_EQ(bwd_prep_chunks(512, 16, 1, 132), 4);
-  EXPECT_EQ(bwd_prep_chunks(128, 16, 8, 132), 4);
-  EXPECT_EQ(bwd_prep_chunks(128, 16, 1, 132), 2);
-  EXPECT_EQ(bwd_prep_chunks(4, 2, 2, 132), 1);
-  EXPECT_EQ(bwd_prep_chunks(1, 1, 1, 1), 1);
+// The chunks a block of the bf16 backward prep and input gradients (bwd_block_chunks): as many as
+// keep at least
+// kBwdBlockMinWaves blocks a multiprocessor, a power of two up to kBwdBlockMaxChunks; one where
+// the blocks are few. The benchmark's cases on 132 multiprocessors: 1 x 32768 and 8 sequences take
+// 4, 1 x 8192 takes 2 (docs/prefill_notes.md, round 2 session 24).
+TEST(PlanBackward, BlockChunksKeepEnoughBlocks) {
+  using kla::layout::bwd_block_chunks;
+  using kla::layout::kBwdBlockMaxChunks;
+  using kla::layout::kBwdBlockMinWaves;
+  EXPECT_EQ(bwd_block_chunks(512, 16, 1, 132), 4);
+  EXPECT_EQ(bwd_block_chunks(128, 16, 8, 132), 4);
+  EXPECT_EQ(bwd_block_chunks(128, 16, 1, 132), 2);
+  EXPECT_EQ(bwd_block_chunks(4, 2, 2, 132), 1);
+  EXPECT_EQ(bwd_block_chunks(1, 1, 1, 1), 1);
   std::mt19937_64 rng(20261128);
   for (int i = 0; i < 2000; ++i) {
     const int64_t mc = 1 + int64_t(rng() % 4096), h = 1 + int64_t(rng() % 64),
                   n = 1 + int64_t(rng() % 64), sms = 1 + int64_t(rng() % 256);
-    const int c = bwd_prep_chunks(mc, h, n, sms);
+    const int c = bwd_block_chunks(mc, h, n, sms);
     const auto blocks = [&](int x) { return (mc + x - 1) / x * h * n; };
     ASSERT_TRUE(c == 1 || c == 2 || c == 4) << c;
-    ASSERT_LE(c, kBwdPrepMaxChunks);
+    ASSERT_LE(c, kBwdBlockMaxChunks);
     // Enough blocks at c, and not enough at 2c (unless c is the largest).
     if (c > 1) {
-      EXPECT_GE(blocks(c), kBwdPrepMinWaves * sms) << mc << " " << h << " " << n << " " << sms;
+      EXPECT_GE(blocks(c), kBwdBlockMinWaves * sms) << mc << " " << h << " " << n << " " << sms;
     }
-    if (c < kBwdPrepMaxChunks) {
-      EXPECT_LT(blocks(2 * c), kBwdPrepMinWaves * sms) << mc << " " << h << " " << n << " " << sms;
+    if (c < kBwdBlockMaxChunks) {
+      EXPECT_LT(blocks(2 * c), kBwdBlockMinWaves * sms) << mc << " " << h << " " << n << " " << sms;
     }
   }
 }

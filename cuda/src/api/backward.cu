@@ -51,7 +51,8 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
   b.group = int(p.forward.num_v_heads / p.forward.num_heads);
   b.fast = p.forward.arithmetic == KLA_ARITHMETIC_FAST ? 1 : 0;
   b.programmatic = dev.cc_major >= 9 ? 1 : 0;
-  b.prep_chunks = kla::layout::bwd_prep_chunks(pb.max_chunks, p.forward.num_heads, pb.N, dev.sms);
+  b.prep_chunks = kla::layout::bwd_block_chunks(pb.max_chunks, p.forward.num_heads, pb.N, dev.sms);
+  b.grads_chunks = b.prep_chunks;  // the same rule for both kernels (one block a multiprocessor)
   return b;
 }
 

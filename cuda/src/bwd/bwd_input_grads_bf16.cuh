@@ -65,6 +65,85 @@ __device__ __forceinline__ void bwd_value_grads_tile(const BwdParams& bp, const 
   }
 }
 
+/// The [C][C] phase of a value head on a warp's tile (rows pi0.., columns pn0..; the mma.sync
+/// accumulator layout) where its products leave it: from p = dY U^T and x = Q^K^^T (kReadout,
+/// warps 0-7) or p = dR U^T and x = K^K^^T (warps 8-15) at the same elements, Gamma_ij =
+/// e^{G_i - G_j}:
+///   kReadout: Pm = p o Gamma (j <= i), written as bf16 to pm; the row and column sums of Pm o x;
+///   else: dL o Gamma = -p o Gamma (j < i) and Z = diag(beta) (dL o Gamma), Z written as bf16 to
+///   pm; the row sums of (dL o Gamma) o x and the column sums of Z o x.
+/// The same values as bwd_gamma_masks and the Z pass of bwd/bwd_chunk_grads.cuh give, without
+/// their passes over shared memory or the gate sums' two-warp loops (bwd_grads_parts.cuh).
+/// The sums are the warp's parts (over its 32 columns, its 16 rows), each over its lanes in a fixed
+/// order: rowg[row][pn0 / 32] and colg[column][pi0 / 16], combined by bwd_gate_sums.
+template <bool kReadout>
+__device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const float (&x)[4][4],
+                                              int pi0, int pn0, const float* G, const float* beta,
+                                              bwd_bf16::bf16* pm, float* rowg, float* colg) {
+  using namespace bwd_bf16;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float rs[2], cs[4][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = pi0 + g + 8 * h;
+    const float gi = G[row], bi = beta[row];
+    rs[h] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float v[2], z[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = pn0 + 8 * j + 2 * t + e;
+        const float pe = pacc[j][2 * h + e], xe = x[j][2 * h + e];
+        if constexpr (kReadout) {
+          v[e] = col <= row ? pe * expf(gi - G[col]) : 0.f;
+          z[e] = v[e];
+        } else {
+          v[e] = col < row ? -pe * expf(gi - G[col]) : 0.f;
+          z[e] = bi * v[e];
+        }
+        rs[h] = fmaf(v[e], xe, rs[h]);
+        const float c = z[e] * xe;
+        cs[j][e] = h == 0 ? c : cs[j][e] + c;
+      }
+      *reinterpret_cast<__nv_bfloat162*>(pm + row * PBC + pn0 + 8 * j + 2 * t) =
+          __floats2bfloat162_rn(z[0], z[1]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], off);
+    if (t == 0) rowg[(pi0 + g + 8 * h) * 2 + pn0 / 32] = rs[h];
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1)
+        cs[j][e] += __shfl_xor_sync(0xffffffffu, cs[j][e], off);
+      if (g == 0) colg[(pn0 + 8 * j + 2 * t + e) * 4 + pi0 / 16] = cs[j][e];
+    }
+}
+
+/// Thread i < C: the [C][C] phase's shares of dG_i and dbeta_i from bwd_gate_tile's parts (the
+/// read-out's in rowg, colg, the system's in rowg + 2 C, colg + 4 C), in a fixed order:
+///   dG_i += sum_j (Pm o Q^K^^T)_ij - sum_j (Pm o Q^K^^T)_ji + beta_i rt_i - sum_j (Z o K^K^^T)_ji,
+///   dbeta_i += rt_i,  rt_i = sum_j ((dL o Gamma) o K^K^^T)_ij.
+__device__ __forceinline__ void bwd_gate_sums(const float* rowg, const float* colg, int i,
+                                              float beta_i, float& dG, float& dbeta) {
+  constexpr int C = kChunk;
+  const float* rq = rowg + i * 2;
+  const float* cq = colg + i * 4;
+  const float* rt = rowg + 2 * C + i * 2;
+  const float* ct = colg + 4 * C + i * 4;
+  const float r = rq[0] + rq[1], c = ((cq[0] + cq[1]) + cq[2]) + cq[3];
+  const float t = rt[0] + rt[1], cbt = ((ct[0] + ct[1]) + ct[2]) + ct[3];
+  dG += (r - c) + (beta_i * t - cbt);
+  dbeta += t;
+}
+
 /// The per-token writes of a value head whose dq^, dk^ are summed into a later value head's (the
 /// bf16 input gradients, a key head's value heads before its last, bwd_token_grads; its dv is
 /// written already): deta = dbs + v^ . dR and dg, a thread a token; and this head's
@@ -84,21 +163,28 @@ __device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const 
 }
 
 /// The gradients of one value head's chunk (pt, L > 0), value head j of its key head's bp.group;
-/// dq, dk once the key head's last value head is done (bwd_input_grads_bf16_kernel).
+/// dq, dk once the key head's last value head is done (bwd_input_grads_bf16_kernel); rec its
+/// record. The block's previous head copied in this head's dO, U and dU where rows_copied (it was
+/// the same chunk's), and its A^-1, S and dS where states_copied. `next`: the record of the
+/// block's next head (null if none), whose A^-1, S and dS this head copies in once its own last
+/// reads of them are done, and its dO, U and dU where it is this chunk's next value head.
 template <class E>
 __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, const PrepTile& pt,
-                                                          int j) {
+                                                          int j, float* rec, bool rows_copied,
+                                                          bool states_copied, const float* next) {
   using namespace bwd_bf16;
   const KernelParams& p = bp.f;
   const int L = pt.L, hv = pt.hv;
   const BwdRecord R(K, V);
-  float* rec = bwd_record(bp, pt.n, pt.sr, pt.c, hv);
   const int tid = thread_index_here();
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 
-  // Shared memory (bwd_input_grads_bf16_smem). Region 0: dY, U, dU, dR [C][PB] bf16, then Q^K^^T,
-  // K^K^^T [C][PC] fp32 and Pm, Z [C][PBC] bf16. Region 1: S, dS [K][PB] bf16, then dq^, dk^
-  // [C][PK] fp32. Then A^-1 [C][PBC], K^, Q^ [C][PB] bf16; Pa, Da [C][PC] fp32; the scalars.
+  // Shared memory (bwd_input_grads_bf16_smem). Region 0: dY, U, dU, dR [C][PB] bf16, then (the key
+  // head's last value head) dq^, dk^ [C][PK] fp32. Region 1: S, dS [K][PB] bf16. Then A^-1
+  // [C][PBC], K^, Q^ [C][PB], Pm, Z [C][PBC] bf16; the scalars. A^-1 is free once dR is formed,
+  // regions 0 and 1 once the products with dY, U, dU, dR, S and dS are: the next head's tiles are
+  // copied in then, behind this head's remaining phases (region 0 only where this head is not its
+  // key head's last, which writes dq^, dk^ there).
   extern __shared__ float4 smem4[];
   char* const r0 = reinterpret_cast<char*>(smem4);
   char* const r1 = r0 + 2 * 4 * C * PB;
@@ -106,20 +192,19 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   bf16* const Ub = dYb + C * PB;
   bf16* const dUb = Ub + C * PB;
   bf16* const dRb = dUb + C * PB;
-  float* const QK = reinterpret_cast<float*>(r0);
-  float* const KKm = QK + C * PC;
-  bf16* const Pmb = reinterpret_cast<bf16*>(KKm + C * PC);
-  bf16* const Zb = Pmb + C * PBC;
   bf16* const Sb = reinterpret_cast<bf16*>(r1);
   bf16* const dSb = Sb + K * PB;
-  float* const dqh = reinterpret_cast<float*>(r1);
+  static_assert(2 * C * PK * 4 <= 4 * C * PB * 2, "dq^, dk^ fit region 0");
+  float* const dqh = reinterpret_cast<float*>(r0);
   float* const dkh = dqh + C * PK;
   bf16* const Aib = reinterpret_cast<bf16*>(r1 + 2 * 2 * K * PB);
   bf16* const Khb = Aib + C * PBC;
   bf16* const Qhb = Khb + C * PB;
-  float* const Pa = reinterpret_cast<float*>(Qhb + C * PB);  // dY U^T, then Pm
-  float* const Da = Pa + C * PC;                             // dR U^T, then dL o Gamma, then Z
-  float* const G = Da + C * PC;
+  bf16* const Pmb = Qhb + C * PB;
+  bf16* const Zb = Pmb + C * PBC;
+  float* const rowg = reinterpret_cast<float*>(Zb + C * PBC);  // [2][C][2] bwd_gate_tile's parts
+  float* const colg = rowg + 2 * C * 2;                        // [2][C][4]
+  float* const G = colg + 2 * C * 4;
   float* const beta = G + C;
   float* const dGs = beta + C;          // dG_i, then dg_i
   float* const dbs = dGs + C;           // dbeta_i
@@ -132,18 +217,23 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   float* const vparts = t1_sum + C;                   // [C][4] v^ . dR by column quarter
 
   // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
-  // cp.async; meanwhile, for the key head's first value head, K^, Q^ from the raw rows, scaled and
+  // cp.async, but those the previous head copied in (rows_copied: dO, U, dU; states_copied: A^-1,
+  // S, dS); meanwhile, for the key head's first value head, K^, Q^ from the raw rows, scaled and
   // rounded to bf16 (load_scaled_rows). They are the key head's (kscale and qscale are the same in
   // every value head's record) and nothing else writes their shared memory, so the block's later
   // value heads find them there.
   {
-    cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
     const bf16* rb = reinterpret_cast<const bf16*>(rec);
-    cp_tile_bf16<C>(Aib, PBC, rb + R.b_ainv, C);
-    cp_tile_bf16<V>(dUb, PB, rb + R.b_du, C);
-    cp_tile_bf16<V>(Ub, PB, rb + R.b_u, C);
-    cp_tile_bf16<V>(Sb, PB, rb + R.b_s, K);
-    cp_tile_bf16<V>(dSb, PB, rb + R.b_ds, K);
+    if (!rows_copied) {
+      cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
+      cp_tile_bf16<V>(dUb, PB, rb + R.b_du, C);
+      cp_tile_bf16<V>(Ub, PB, rb + R.b_u, C);
+    }
+    if (!states_copied) {
+      cp_tile_bf16<C>(Aib, PBC, rb + R.b_ainv, C);
+      cp_tile_bf16<V>(Sb, PB, rb + R.b_s, K);
+      cp_tile_bf16<V>(dSb, PB, rb + R.b_ds, K);
+    }
     cp_commit();
   }
   if (tid < C) {
@@ -189,6 +279,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   }
 
   float a1[4][4] = {}, a2[4][4] = {}, a3[4][4] = {};
+  float pd[4][4] = {};  // dY U^T (warps 0-7) or dR U^T (8-15) on tile (pi0, pn0)
   {
     float dr[4][4] = {};
     warp_tile_mma<true, false>(dr, Aib, PBC, i0, dUb, PB, n0, C);  // dR = A^-T dU
@@ -198,22 +289,26 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   warp_tile_mma<false, true>(a1, dYb, PB, i0, Sb, PB, n0, V);  // dY S^T
   // Half the warps take dY U^T before dR is complete, the other half U dS^T: the two steps
   // between the barriers hold the same number of k-steps for every warp.
-  if (first_half) {
-    float pa[4][4] = {};
-    warp_tile_mma<false, true>(pa, dYb, PB, pi0, Ub, PB, pn0, V);  // dY U^T
-    store_tile(Pa, PC, pi0, pn0, pa);
-  } else {
+  if (first_half)
+    warp_tile_mma<false, true>(pd, dYb, PB, pi0, Ub, PB, pn0, V);  // dY U^T
+  else
     warp_tile_mma<false, true>(a2, Ub, PB, i0, dSb, PB, n0, V);  // U dS^T
+  __syncthreads();  // dR is complete; A^-1's last reads are done
+  const bf16* const next_rb = reinterpret_cast<const bf16*>(next);
+  if (next) cp_tile_bf16<C>(Aib, PBC, next_rb + R.b_ainv, C);
+  // The [C][C] phase on the warps' tiles (bwd_gate_tile: Pm and Z to shared memory as bf16, their
+  // sums' parts), then the products with S and dS.
+  if (!first_half) warp_tile_mma<false, true>(pd, dRb, PB, pi0, Ub, PB, pn0, V);  // dR U^T
+  {
+    float x[4][4] = {};  // Q^K^^T (warps 0-7), K^K^^T (8-15)
+    warp_tile_mma<false, true>(x, first_half ? Qhb : Khb, PB, pi0, Khb, PB, pn0, K);
+    if (first_half)
+      bwd_gate_tile<true>(pd, x, pi0, pn0, G, beta, Pmb, rowg, colg);
+    else
+      bwd_gate_tile<false>(pd, x, pi0, pn0, G, beta, Zb, rowg + C * 2, colg + C * 4);
   }
-  __syncthreads();                                             // dR is complete
-  warp_tile_mma<false, true>(a3, dRb, PB, i0, Sb, PB, n0, V);  // dR S^T
-  if (first_half) {
-    warp_tile_mma<false, true>(a2, Ub, PB, i0, dSb, PB, n0, V);  // U dS^T
-  } else {
-    float da[4][4] = {};
-    warp_tile_mma<false, true>(da, dRb, PB, pi0, Ub, PB, pn0, V);  // dR U^T
-    store_tile(Da, PC, pi0, pn0, da);
-  }
+  warp_tile_mma<false, true>(a3, dRb, PB, i0, Sb, PB, n0, V);                  // dR S^T
+  if (first_half) warp_tile_mma<false, true>(a2, Ub, PB, i0, dSb, PB, n0, V);  // U dS^T
   // The row terms' parts over the warp's 32 columns, from fp32 k^, q^: e^G-free q^_i . (S dy_i),
   // k^_i . (dS u_i), k^_i . (S dR_i); summed over the lane quad, then over the column quarters
   // below (fixed orders).
@@ -257,13 +352,16 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
       }
     }
   }
-  __syncthreads();  // Pa, Da, the row parts complete; region 0's bf16 tiles are free
-
-  bwd_gamma_masks(Pa, Da, PC, G);  // Pm, dL o Gamma (read below after the next barrier)
-  {
-    float x[4][4] = {};  // Q^K^^T (warps 0-7), K^K^^T (8-15)
-    warp_tile_mma<false, true>(x, first_half ? Qhb : Khb, PB, pi0, Khb, PB, pn0, K);
-    store_tile(first_half ? QK : KKm, PC, pi0, pn0, x);
+  __syncthreads();  // Pm, Z, the parts of the sums complete; regions 0 and 1 are free
+  if (next) {
+    if (!KLA_MUTANT(bwd_grads_next_states_skipped)) cp_tile_bf16<V>(Sb, PB, next_rb + R.b_s, K);
+    cp_tile_bf16<V>(dSb, PB, next_rb + R.b_ds, K);
+    if (j + 1 < bp.group) {  // the same chunk's next value head: region 0 too
+      cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv + 1, L);
+      cp_tile_bf16<V>(dUb, PB, next_rb + R.b_du, C);
+      cp_tile_bf16<V>(Ub, PB, next_rb + R.b_u, C);
+    }
+    cp_commit();
   }
   if (tid < C) {
     const int i = tid;
@@ -271,24 +369,13 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     const float zk = quarter_sum(rowp + 4 * C, i);
     const float c = quarter_sum(rowp + 8 * C, i);
     const float eG = eg[i], z = gc[i] * zk;
+    float dG = eG * a - z - eG * beta[i] * c, dbeta = -eG * c;
+    bwd_gate_sums(rowg, colg, i, beta[i], dG, dbeta);
     zs[i] = z;
-    dGs[i] = eG * a - z - eG * beta[i] * c;
-    dbs[i] = -eG * c;
+    dGs[i] = dG;
+    dbs[i] = dbeta;
   }
-  __syncthreads();
-  bwd_system_gate_sums(Da, KKm, PC, beta, bwd_readout_gate_sum(Pa, QK, PC), dGs, dbs);
-  __syncthreads();  // the sums above read Pm and dL o Gamma
-  // Z = diag(beta) (dL o Gamma); Pm and Z rounded to bf16 as operands.
-  for (int idx = tid; idx < C * C / 2; idx += kBwdChunkThreads) {
-    const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
-    const float2 pm = *reinterpret_cast<const float2*>(Pa + i * PC + j);
-    const float2 dl = *reinterpret_cast<const float2*>(Da + i * PC + j);
-    const float2 z = make_float2(beta[i] * dl.x, beta[i] * dl.y);
-    *reinterpret_cast<float2*>(Da + i * PC + j) = z;
-    *reinterpret_cast<__nv_bfloat162*>(Pmb + i * PBC + j) = __floats2bfloat162_rn(pm.x, pm.y);
-    *reinterpret_cast<__nv_bfloat162*>(Zb + i * PBC + j) = __floats2bfloat162_rn(z.x, z.y);
-  }
-  __syncthreads();
+  __syncthreads();  // zs, dG complete
   bwd_carry_and_cumsum(red, kBwdChunkThreads / 32, zs, rec[R.sc + kScChunk * C], dGs);
   // dq^ = e^G o (dY S^T) + Pm K^;  dk^ = Gamma_C o (U dS^T) - e^G beta o (dR S^T) + Pm^T Q^ +
   // Z K^ + Z^T K^, on the warp's tiles.
@@ -325,29 +412,47 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     bwd_value_head_grads(bp, pt, beta, dGs, dbs, vparts, t1_sum, j == 0);
     return;
   }
-  store_tile(dqh, PK, i0, n0, a1);
+  store_tile(dqh, PK, i0, n0, a1);  // region 0: free since the barrier above the gate sums
   store_tile(dkh, PK, i0, n0, a2);
   __syncthreads();
   bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs,
                            j > 0 ? t1_sum : nullptr, vparts);
 }
 
-/// Grid (chunk, key head, sequence): the key head's value heads one after another, their dq^, dk^
-/// summed in value-head order as they go and the prologue backwards run once on the sum (it is
-/// linear in them), so no key-head sum kernel follows. Each element of the running sum stays with
-/// one thread (the same warp and lane in every head's pass), so it needs no synchronisation
-/// beyond that thread's program order.
+/// Grid (chunk group, key head, sequence): bp.grads_chunks consecutive chunks a block
+/// (bwd_block_chunks), each chunk's value heads in turn, their dq^, dk^ summed in value-head order
+/// as they go and the prologue backwards run once on the sum (it is linear in them), so no key-head
+/// sum kernel follows. Each element of the running sum stays with one thread (the same warp and
+/// lane in every head's pass), so it needs no synchronisation beyond that thread's program order.
+/// Each head copies in the next one's A^-1, S and dS (the next chunk's first head's after a
+/// chunk's last) and, within a chunk, its dO, U and dU: the gradients are those of one block per
+/// chunk, bitwise.
 template <class E>
 __global__ void __launch_bounds__(kBwdChunkThreads, 1)
     bwd_input_grads_bf16_kernel(const BwdParams bp) {
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
   __builtin_assume(blockDim.x == kBwdChunkThreads);  // the launcher's (bwd_launch.cuh)
-  const int h = int(blockIdx.y);
-  for (int j = 0; j < bp.group; ++j) {
-    const PrepTile pt = bwd_head_tile(bp.f, h * bp.group + j);
-    if (pt.L == 0) return;       // the same for every value head of the chunk
-    if (j > 0) __syncthreads();  // the previous value head's last reads of shared memory
-    bwd_input_grads_bf16_head<E>(bp, pt, j);
+  const int hv0 = int(blockIdx.y) * bp.group;
+  PrepTile pt = bwd_head_tile(bp.f, int(blockIdx.x) * bp.grads_chunks, hv0);
+  if (pt.L == 0) return;
+  bool copied = false;
+#pragma unroll 1
+  for (int cc = 0;; ++cc) {
+    const bool more = cc + 1 < bp.grads_chunks && int64_t(pt.c + 1) * kChunk < pt.sr.len;
+#pragma unroll 1
+    for (int j = 0; j < bp.group; ++j) {
+      pt.hv = hv0 + j;
+      float* const rec = bwd_record(bp, pt.n, pt.sr, pt.c, pt.hv);
+      // the next head's record: this chunk's next value head's, or the next chunk's first's
+      const float* const next = j + 1 < bp.group ? rec + bp.rec_floats
+                                : more ? rec + bwd_record_step(bp) - int64_t(j) * bp.rec_floats
+                                       : nullptr;
+      if (cc > 0 || j > 0) __syncthreads();  // the previous head's last reads of shared memory
+      bwd_input_grads_bf16_head<E>(bp, pt, j, rec, j > 0, copied, next);
+      copied = next != nullptr;
+    }
+    if (!more) break;
+    pt = next_chunk_tile(pt);
   }
 }
 

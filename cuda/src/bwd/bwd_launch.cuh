@@ -137,9 +137,11 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
   if (p.max_chunks == 0) return cudaSuccess;
   what = "the backward input gradients";
   if constexpr (kBwdBf16Record<E, kFast, kHD>) {
-    // One block per key head, its value heads' dq, dk summed in the kernel: no sum kernel.
-    const dim3 heads(unsigned(p.max_chunks), unsigned(p.H), unsigned(p.N));
-    return bwd_launch(bwd_input_grads_bf16_kernel<E>, heads, bwd_input_grads_bf16_smem(), bp,
+    // One block per key head and bp.grads_chunks chunks, its value heads' dq, dk summed in the
+    // kernel: no sum kernel.
+    const dim3 groups(unsigned((p.max_chunks + bp.grads_chunks - 1) / bp.grads_chunks),
+                      unsigned(p.H), unsigned(p.N));
+    return bwd_launch(bwd_input_grads_bf16_kernel<E>, groups, bwd_input_grads_bf16_smem(), bp,
                       stream, kBwdChunkThreads);
   } else {
     if (cudaError_t e = bwd_launch(bwd_chunk_grads_kernel<E, kFast, kHD>, chunks,

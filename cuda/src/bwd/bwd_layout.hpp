@@ -220,25 +220,27 @@ constexpr int64_t bwd_prep_bf16_smem() {
   return 2 * (4 * C * (K + 8) + 4 * C * (C + 8)) +
          4 * (2 * C * bwd_pitch(C) + 10 * C + kInvScratch) + 2 * (3 * C * (K + 8));
 }
-/// Chunks a block of the bf16 prep takes in turn (bwd/bwd_prep_bf16.cuh; BwdParams::prep_chunks):
-/// while a chunk's last value head is prepared, the next chunk's rows are copied in, which a block
-/// of one chunk waits for at its start. As many as leave at least kBwdPrepMinWaves blocks a
-/// multiprocessor (max_chunks chunks of the longest sequence, `heads` key heads, n sequences, sms
-/// multiprocessors; one block a multiprocessor), at most kBwdPrepMaxChunks, at least 1.
-constexpr int kBwdPrepMaxChunks = 4, kBwdPrepMinWaves = 4;
-constexpr int bwd_prep_chunks(int64_t max_chunks, int64_t heads, int64_t n, int64_t sms) {
-  int c = kBwdPrepMaxChunks;
-  while (c > 1 && ((max_chunks + c - 1) / c) * heads * n < kBwdPrepMinWaves * sms) c /= 2;
+/// Chunks a block of the bf16 prep (bwd/bwd_prep_bf16.cuh; BwdParams::prep_chunks) and of the
+/// bf16 input gradients (bwd/bwd_input_grads_bf16.cuh; BwdParams::grads_chunks) takes in turn, a
+/// key head's: while a chunk's last value head is worked on, the next chunk's first tiles are
+/// copied in, which a block of one chunk waits for at its start. As many as leave at least
+/// kBwdBlockMinWaves blocks a multiprocessor (max_chunks chunks of the longest sequence, `heads`
+/// key heads, n sequences, sms multiprocessors; each kernel one block a multiprocessor), at most
+/// kBwdBlockMaxChunks, at least 1.
+constexpr int kBwdBlockMaxChunks = 4, kBwdBlockMinWaves = 4;
+constexpr int bwd_block_chunks(int64_t max_chunks, int64_t heads, int64_t n, int64_t sms) {
+  int c = kBwdBlockMaxChunks;
+  while (c > 1 && ((max_chunks + c - 1) / c) * heads * n < kBwdBlockMinWaves * sms) c /= 2;
   return c;
 }
 /// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: two regions of four [C][K + 8] and two
-/// [K][K + 8] bf16 tiles (reused for fp32 results), A^-1, K^, Q^ in bf16, Pa and Da in fp32, the
-/// scalars, the row terms' partial sums, the carried sum's parts (one a warp), the earlier value
-/// heads' share of t1 and the parts of v^ . dR.
+/// [K][K + 8] bf16 tiles (the first reused for fp32 results), A^-1, K^, Q^, Pm and Z in bf16, the
+/// parts of the [C][C] sums, the scalars, the row terms' partial sums, the carried sum's parts (one
+/// a warp), the earlier value heads' share of t1 and the parts of v^ . dR.
 constexpr int64_t bwd_input_grads_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
-  return 2 * (4 * C * (K + 8) + 2 * K * (K + 8) + C * (C + 8) + 2 * C * (K + 8)) +
-         4 * (2 * C * bwd_pitch(C) + 8 * C + 4 * C * 4 + kBwdChunkThreads / 32);
+  return 2 * (4 * C * (K + 8) + 2 * K * (K + 8) + 3 * C * (C + 8) + 2 * C * (K + 8)) +
+         4 * (2 * C * 2 + 2 * C * 4 + 8 * C + 4 * C * 4 + kBwdChunkThreads / 32);
 }
 
 }  // namespace kla::layout

@@ -35,7 +35,7 @@
 namespace kla::kernels {
 
 /// Grid (chunk group, key head, sequence): bp.prep_chunks consecutive chunks a block
-/// (bwd_prep_chunks), each chunk's value heads in turn; the next chunk's rows are copied while the
+/// (bwd_block_chunks), each chunk's value heads in turn; the next chunk's rows are copied while the
 /// last value head of this one is prepared. The value heads' records are written as one block per
 /// chunk and value head would write them (the same operands, sums and orders: bitwise the same
 /// record).

@@ -29,6 +29,7 @@ enum class KernelMutant : int {
   bwd_scan_x_rows_skipped,    // bwd/bwd_state_backward_bf16.cuh: X's rows 32-63 left zero
   bwd_scan_keys_own_record,   // bwd/bwd_state_*_bf16.cuh: raw keys, queries from the head's record
   bwd_prep_next_chunk_keys_skipped,  // bwd/bwd_prep_bf16.cuh: a block's next chunk's K not fetched
+  bwd_grads_next_states_skipped,     // bwd/bwd_input_grads_bf16.cuh: the next head's S not fetched
   count
 };
 
@@ -51,7 +52,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_prep_stale_values",
                                                      "bwd_scan_x_rows_skipped",
                                                      "bwd_scan_keys_own_record",
-                                                     "bwd_prep_next_chunk_keys_skipped"};
+                                                     "bwd_prep_next_chunk_keys_skipped",
+                                                     "bwd_grads_next_states_skipped"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
