@@ -1,5 +1,5 @@
 // Backward, pass 4 under arithmetic FAST for bf16 storage at K = V = 128
-// (bwd_runs_bf16_input_grads): bwd_input_grads_bf16_kernel, one block per (chunk, key head,
+// (bwd_runs_bf16_input_grads): bwd_input_grads_bf16_kernel, one block per (chunk group, key head,
 // sequence) running the key head's value heads in turn and summing their dq^, dk^ as it goes, the
 // same gradients as bwd/bwd_chunk_grads.cuh (its file comment has the math) with every product of
 // this pass on bf16 operands:
@@ -72,8 +72,10 @@ __device__ __forceinline__ void bwd_value_grads_tile(const BwdParams& bp, const 
 ///   kReadout: Pm = p o Gamma (j <= i), written as bf16 to pm; the row and column sums of Pm o x;
 ///   else: dL o Gamma = -p o Gamma (j < i) and Z = diag(beta) (dL o Gamma), Z written as bf16 to
 ///   pm; the row sums of (dL o Gamma) o x and the column sums of Z o x.
-/// The same values as bwd_gamma_masks and the Z pass of bwd/bwd_chunk_grads.cuh give, without
-/// their passes over shared memory or the gate sums' two-warp loops (bwd_grads_parts.cuh).
+/// Pm, dL o Gamma and Z are the values of bwd_gamma_masks and of bwd/bwd_chunk_grads.cuh's Z,
+/// without their passes over shared memory; the sums replace bwd_readout_gate_sum and
+/// bwd_system_gate_sums (bwd_grads_parts.cuh: a thread a row, j by j, while the other warps wait),
+/// in another fixed order.
 /// The sums are the warp's parts (over its 32 columns, its 16 rows), each over its lanes in a fixed
 /// order: rowg[row][pn0 / 32] and colg[column][pi0 / 16], combined by bwd_gate_sums.
 template <bool kReadout>
@@ -435,7 +437,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   const int hv0 = int(blockIdx.y) * bp.group;
   PrepTile pt = bwd_head_tile(bp.f, int(blockIdx.x) * bp.grads_chunks, hv0);
   if (pt.L == 0) return;
-  bool copied = false;
+  bool states_copied = false;  // by the block's previous head
 #pragma unroll 1
   for (int cc = 0;; ++cc) {
     const bool more = cc + 1 < bp.grads_chunks && int64_t(pt.c + 1) * kChunk < pt.sr.len;
@@ -448,8 +450,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
                                 : more ? rec + bwd_record_step(bp) - int64_t(j) * bp.rec_floats
                                        : nullptr;
       if (cc > 0 || j > 0) __syncthreads();  // the previous head's last reads of shared memory
-      bwd_input_grads_bf16_head<E>(bp, pt, j, rec, j > 0, copied, next);
-      copied = next != nullptr;
+      bwd_input_grads_bf16_head<E>(bp, pt, j, rec, j > 0, states_copied, next);
+      states_copied = next != nullptr;
     }
     if (!more) break;
     pt = next_chunk_tile(pt);
