@@ -78,8 +78,9 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
   }
 }
 
-/// Row i's four column-quarter parts in `parts` ([C][4]: in the bf16 input gradients, a row
-/// term or v^ . dR, one part a warp of the row's), summed in a fixed order.
+/// Row i's four parts in `parts` ([C][4]: in the bf16 input gradients, a row term or v^ . dR by
+/// column quarter, or a gate sum's column i by row quarter; one part a warp's), summed in a fixed
+/// order.
 __device__ __forceinline__ float quarter_sum(const float* parts, int i) {
   const float* r = parts + i * 4;
   return ((r[0] + r[1]) + r[2]) + r[3];

@@ -77,13 +77,17 @@ __device__ __forceinline__ void bwd_value_grads_tile(const BwdParams& bp, const 
 /// bwd_system_gate_sums (bwd_grads_parts.cuh: a thread a row, j by j, while the other warps wait),
 /// in another fixed order.
 /// The sums are the warp's parts (over its 32 columns, its 16 rows), each over its lanes in a fixed
-/// order: rowg[row][pn0 / 32] and colg[column][pi0 / 16], combined by bwd_gate_sums.
+/// order: rowg[row][pn0 / 32] and colg[column][pi0 / 16] of the read-out's [C][2] and [C][4] parts
+/// (rowg, colg) or the system's (after them: kBwdGateRowParts, kBwdGateColParts), combined by
+/// bwd_gate_sums.
+constexpr int kBwdGateRowParts = 2 * kChunk, kBwdGateColParts = 4 * kChunk;
 template <bool kReadout>
 __device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const float (&x)[4][4],
                                               int pi0, int pn0, const float* G, const float* beta,
                                               bwd_bf16::bf16* pm, float* rowg, float* colg) {
   using namespace bwd_bf16;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  if constexpr (!kReadout) rowg += kBwdGateRowParts, colg += kBwdGateColParts;
   float rs[2], cs[4][2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -129,19 +133,16 @@ __device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const f
     }
 }
 
-/// Thread i < C: the [C][C] phase's shares of dG_i and dbeta_i from bwd_gate_tile's parts (the
-/// read-out's in rowg, colg, the system's in rowg + 2 C, colg + 4 C), in a fixed order:
+/// Thread i < C: the [C][C] phase's shares of dG_i and dbeta_i from bwd_gate_tile's parts (rowg,
+/// colg as given to it), in a fixed order (the column parts by quarter_sum):
 ///   dG_i += sum_j (Pm o Q^K^^T)_ij - sum_j (Pm o Q^K^^T)_ji + beta_i rt_i - sum_j (Z o K^K^^T)_ji,
 ///   dbeta_i += rt_i,  rt_i = sum_j ((dL o Gamma) o K^K^^T)_ij.
 __device__ __forceinline__ void bwd_gate_sums(const float* rowg, const float* colg, int i,
                                               float beta_i, float& dG, float& dbeta) {
-  constexpr int C = kChunk;
   const float* rq = rowg + i * 2;
-  const float* cq = colg + i * 4;
-  const float* rt = rowg + 2 * C + i * 2;
-  const float* ct = colg + 4 * C + i * 4;
-  const float r = rq[0] + rq[1], c = ((cq[0] + cq[1]) + cq[2]) + cq[3];
-  const float t = rt[0] + rt[1], cbt = ((ct[0] + ct[1]) + ct[2]) + ct[3];
+  const float* rt = rowg + kBwdGateRowParts + i * 2;
+  const float r = rq[0] + rq[1], c = quarter_sum(colg, i);
+  const float t = rt[0] + rt[1], cbt = quarter_sum(colg + kBwdGateColParts, i);
   dG += (r - c) + (beta_i * t - cbt);
   dbeta += t;
 }
@@ -205,8 +206,8 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   bf16* const Pmb = Qhb + C * PB;
   bf16* const Zb = Pmb + C * PBC;
   float* const rowg = reinterpret_cast<float*>(Zb + C * PBC);  // [2][C][2] bwd_gate_tile's parts
-  float* const colg = rowg + 2 * C * 2;                        // [2][C][4]
-  float* const G = colg + 2 * C * 4;
+  float* const colg = rowg + 2 * kBwdGateRowParts;             // [2][C][4]
+  float* const G = colg + 2 * kBwdGateColParts;
   float* const beta = G + C;
   float* const dGs = beta + C;          // dG_i, then dg_i
   float* const dbs = dGs + C;           // dbeta_i
@@ -307,7 +308,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     if (first_half)
       bwd_gate_tile<true>(pd, x, pi0, pn0, G, beta, Pmb, rowg, colg);
     else
-      bwd_gate_tile<false>(pd, x, pi0, pn0, G, beta, Zb, rowg + C * 2, colg + C * 4);
+      bwd_gate_tile<false>(pd, x, pi0, pn0, G, beta, Zb, rowg, colg);
   }
   warp_tile_mma<false, true>(a3, dRb, PB, i0, Sb, PB, n0, V);                  // dR S^T
   if (first_half) warp_tile_mma<false, true>(a2, Ub, PB, i0, dSb, PB, n0, V);  // U dS^T
@@ -440,7 +441,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   bool states_copied = false;  // by the block's previous head
 #pragma unroll 1
   for (int cc = 0;; ++cc) {
-    const bool more = cc + 1 < bp.grads_chunks && int64_t(pt.c + 1) * kChunk < pt.sr.len;
+    const bool more = bwd_block_has_next_chunk(pt, cc, bp.grads_chunks);
 #pragma unroll 1
     for (int j = 0; j < bp.group; ++j) {
       pt.hv = hv0 + j;

@@ -103,9 +103,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
   for (int cc = 0;; ++cc) {
     const int L = pt.L;
     bf16* const Kb = cc & 1 ? Kb1 : Kb0;
-    // Whether the block has a next chunk (next_chunk_tile(pt).L > 0, written out: that form
-    // schedules the kernel differently): its rows are copied during this chunk's last head.
-    const bool more = cc + 1 < bp.prep_chunks && int64_t(pt.c + 1) * C < pt.sr.len;
+    // Whether the block has a next chunk: its rows are copied during this chunk's last head.
+    const bool more = bwd_block_has_next_chunk(pt, cc, bp.prep_chunks);
     // This chunk's first head's eta and g (the previous chunk's last reads of them were before the
     // barrier ahead of its W and U0); then its rows, copied during that chunk, visible.
     if (cc > 0 && tid < C) sc[5 * C + tid] = next_eta, sc[6 * C + tid] = next_g;

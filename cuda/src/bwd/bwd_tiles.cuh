@@ -46,6 +46,13 @@ __device__ __forceinline__ PrepTile bwd_head_tile(const KernelParams& p, int hv)
   return bwd_head_tile(p, int(blockIdx.x), hv);
 }
 
+/// Whether a block that takes `chunks` chunks in turn (the bf16 prep and input gradients,
+/// bwd_block_chunks) has one after pt's, its cc-th: next_chunk_tile(pt).L > 0, written out (that
+/// form schedules the prep differently).
+__device__ __forceinline__ bool bwd_block_has_next_chunk(const PrepTile& pt, int cc, int chunks) {
+  return cc + 1 < chunks && int64_t(pt.c + 1) * kChunk < pt.sr.len;
+}
+
 /// The record of value head `to` in the chunk whose record for value head `from` is rec: a chunk's
 /// value heads' records are consecutive (bwd_record).
 __device__ __forceinline__ float* bwd_record_of_head(const BwdParams& bp, float* rec, int from,
