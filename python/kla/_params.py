@@ -44,13 +44,13 @@ class KlaParams(ctypes.Structure):
         ("pool_size", c_int64), ("state_indices", c_void_p), ("state_indices_host", c_void_p),
         ("cu_seqlens", c_void_p), ("cu_seqlens_host", c_void_p), ("num_seqs", c_int64),
         ("workspace", c_void_p), ("workspace_size", c_size_t), ("arithmetic", c_int),
-        ("path", c_int), ("value_slice", c_int32),
+        ("path", c_int), ("value_slice", c_int32), ("segments", c_int32),
     ]
 
 
 class KlaPlan(ctypes.Structure):
     _fields_ = [
-        ("path", c_int), ("path_name", c_char_p), ("chunk_len", c_int32),
+        ("path", c_int), ("segments", c_int32), ("path_name", c_char_p), ("chunk_len", c_int32),
         ("value_slice", c_int32), ("stages", c_int32), ("threads", c_int32),
         ("blocks", c_int64), ("prep_blocks", c_int64), ("smem_bytes", c_int64),
         ("prep_smem_bytes", c_int64), ("workspace_bytes", c_size_t), ("arithmetic", c_int),
@@ -87,7 +87,7 @@ EXPECTED_OFFSETS = {
     "coefficient": 252, "readout": 256, "initial_state": 264, "final_state": 272,
     "state_pool": 280, "pool_size": 288, "state_indices": 296, "state_indices_host": 304,
     "cu_seqlens": 312, "cu_seqlens_host": 320, "num_seqs": 328, "workspace": 336,
-    "workspace_size": 344, "arithmetic": 352, "path": 356, "value_slice": 360,
+    "workspace_size": 344, "arithmetic": 352, "path": 356, "value_slice": 360, "segments": 364,
 }
 
 
@@ -133,7 +133,7 @@ def fill(p, q, k, v, o, *, g=None, eta=None, eta_value=1.0, eps=0.0, scale=0.0,
          coefficient=COEFF_KACZMARZ, readout=READOUT_SCALE, initial_state=None,
          final_state=None, state_pool=None, state_indices=None, state_indices_host=None,
          cu_seqlens=None, cu_seqlens_host=None, workspace=None, arithmetic=ARITHMETIC_ACCURATE,
-         path=PATH_AUTO, value_slice=0):
+         path=PATH_AUTO, value_slice=0, segments=0):
     """Fills kla_params p (from kla_params_init_abi) for torch tensors, as the ops pass it.
 
     q, k [B,T,H,K]; v, o [B,T,HV,V] (last dimension contiguous, other strides free); g, eta
@@ -169,7 +169,7 @@ def fill(p, q, k, v, o, *, g=None, eta=None, eta_value=1.0, eps=0.0, scale=0.0,
         p.num_seqs = cu_seqlens_host.shape[0] - 1
     if workspace is not None:
         p.workspace, p.workspace_size = workspace.data_ptr(), workspace.numel()
-    p.arithmetic, p.path, p.value_slice = arithmetic, path, value_slice
+    p.arithmetic, p.path, p.value_slice, p.segments = arithmetic, path, value_slice, segments
     return p
 
 

@@ -50,12 +50,13 @@ class Plan:
     workspace_bytes: int
     arithmetic: str  # what the kernels run: "accurate", or "fast" where asked and the path has it
     reason: str
+    segments: int = 1  # > 1: the sequence split (the fields above are its second pass's)
 
     @classmethod
     def _from_c(cls, p):
         return cls(p.path_name.decode(), p.chunk_len, p.value_slice, p.stages, p.threads,
                    p.blocks, p.prep_blocks, p.smem_bytes, p.prep_smem_bytes, p.workspace_bytes,
-                   P.ARITHMETIC_NAMES[p.arithmetic], p.reason.decode())
+                   P.ARITHMETIC_NAMES[p.arithmetic], p.reason.decode(), p.segments)
 
 
 class _Shape:
@@ -85,7 +86,7 @@ def _addresses():
 
 def plan(q, k, v, g=None, eta=None, *, kind="chunk", cu_seqlens=None, initial_state=None,
          output_final_state=True, coefficient="kaczmarz", arithmetic="accurate", path="auto",
-         value_slice=0, device=None):
+         value_slice=0, segments=0, device=None):
     """The Plan of a chunk_* (kind='chunk') or fused_recurrent_* (kind='recurrent') call with
     these tensors and options. Raises kla.KlaError (KLA_ERROR_UNSUPPORTED_PATH with the reason)
     where the requested path, or with 'auto' every path, cannot run it."""
@@ -107,7 +108,8 @@ def plan(q, k, v, g=None, eta=None, *, kind="chunk", cu_seqlens=None, initial_st
                final_state=_addr(final) if output_final_state else None,
                cu_seqlens=_addr(cu_host), cu_seqlens_host=cu_host,
                arithmetic=_enum(P.ARITHMETIC, arithmetic, "arithmetic"),
-               path=_enum(P.PATHS, path, "path"), value_slice=int(value_slice))
+               path=_enum(P.PATHS, path, "path"), value_slice=int(value_slice),
+               segments=int(segments))
     if kind == "recurrent":
         if device is not None:
             raise ValueError("kla: a described device plans the chunkwise call only "

@@ -194,7 +194,7 @@ def _grad_needed(*tensors):
 # ---- the shared bodies -------------------------------------------------------------------------
 def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
            cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first, coefficient,
-           readout, arithmetic, path, value_slice):
+           readout, arithmetic, path, value_slice, segments=0):
     _check_qkv(q, k, v)
     arithmetic = _enum(P.ARITHMETIC, arithmetic, "arithmetic")
     path = _enum(P.PATHS, path, "path")
@@ -209,11 +209,18 @@ def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_s
     h0 = _state_in(initial_state, q, v, n, state_v_first)
     args = (q, k, v, g, eta, h0, cu_seqlens, cu_seqlens_cpu, scale, float(eps),
             float(eta_value), coefficient, readout, bool(output_final_state), arithmetic, path,
-            int(value_slice))
+            int(value_slice), _segments(segments))
     fn = _forward_op(ops.chunk_fwd, ops.chunk_fwd_impl, ops.chunk_fwd_autograd, q, k, v, g, eta,
                      h0)
     o, final = fn(*args)
     return o, _state_out(final, output_final_state, state_v_first)
+
+
+def _segments(segments):
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 0 <= segments <= 16:
+        raise ValueError(f"kla: segments must be an int in [0, 16] (0: the plan's choice, 1: no "
+                         f"split), got {segments!r}")
+    return segments
 
 
 def _state_out(final, output_final_state, state_v_first):
@@ -300,7 +307,7 @@ def _recurrent(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_fin
 def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
               output_final_state=False, cu_seqlens=None, use_qk_l2norm_in_kernel=False, *,
               cu_seqlens_cpu=None, state_v_first=False, readout="scale", arithmetic="accurate",
-              path="auto", value_slice=0):
+              path="auto", value_slice=0, segments=0):
     """KLA prefill (kla_chunk_forward, the Kaczmarz coefficient beta = eta / (|k|^2 + eps)
     computed in the kernel in fp32 from the raw key). Returns (o, final_state).
 
@@ -318,7 +325,9 @@ def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=Non
     on split bf16 operands and its input gradients on bf16 operands: gradients still no further
     from float64 than FLA's backward, docs/accuracy.md);
     path / value_slice pin the kernel path (kla.plan shows
-    what 'auto' picks).
+    what 'auto' picks); segments splits every sequence into that many segments run side by side
+    (0: the plan's choice, which splits only where few sequences and value heads leave the GPU
+    idle; 1: never; docs/python.md, 'Sequence split').
     """
     eta_value = 1.0
     if eta is not None and not isinstance(eta, torch.Tensor):
@@ -326,7 +335,7 @@ def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=Non
     return _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
                   cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
                   P.COEFF_KACZMARZ, _enum(P.READOUTS, readout, "readout"), arithmetic, path,
-                  value_slice)
+                  value_slice, segments)
 
 
 def fused_recurrent_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
@@ -357,13 +366,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                            state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
                            chunk_indices=None, cp_context=None, *, arithmetic="accurate",
-                           path="auto", value_slice=0, **kwargs):
+                           path="auto", value_slice=0, segments=0, **kwargs):
     """FLA 0.6's chunk_gated_delta_rule (plain GDN, beta given) on kla_chunk_forward.
 
     Same arguments and returns as FLA's; chunk_indices and chunk_size are accepted and ignored.
     use_gate_in_kernel / A_log / dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval and
     cp_context raise NotImplementedError naming the argument. kla extras: arithmetic, path,
-    value_slice (as chunk_kla).
+    value_slice, segments (as chunk_kla).
     """
     state_v_first = _state_v_first_alias(kwargs, state_v_first)
     _check_kwargs(kwargs, "chunk_gated_delta_rule")
@@ -372,7 +381,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         raise ValueError("kla: chunk_gated_delta_rule needs beta ([B, T, HV])")
     return _chunk(q, k, v, g, beta, 1.0, 0.0, scale, initial_state, output_final_state,
                   cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
-                  P.COEFF_GIVEN, P.READOUT_SCALE, arithmetic, path, value_slice)
+                  P.COEFF_GIVEN, P.READOUT_SCALE, arithmetic, path, value_slice, segments)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,

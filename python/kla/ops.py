@@ -65,7 +65,7 @@ def launch(kind, q, k, v, o, *, g=None, eta=None, eta_value=1.0, eps=0.0, scale=
            coefficient=P.COEFF_KACZMARZ, readout=P.READOUT_SCALE, initial_state=None,
            final_state=None, state_pool=None, state_indices=None, state_indices_cpu=None,
            cu_seqlens=None, cu_seqlens_cpu=None, arithmetic=P.ARITHMETIC_ACCURATE,
-           path=P.PATH_AUTO, value_slice=0):
+           path=P.PATH_AUTO, value_slice=0, segments=0):
     """Fills kla_params for these tensors and enqueues the kernel on the current stream."""
     lib = _lib.load()
     dev = q.device
@@ -82,7 +82,7 @@ def launch(kind, q, k, v, o, *, g=None, eta=None, eta_value=1.0, eps=0.0, scale=
                initial_state=initial_state, final_state=final_state, state_pool=state_pool,
                state_indices=idx_dev, state_indices_host=idx_host, cu_seqlens=cu_dev,
                cu_seqlens_host=cu_host, arithmetic=arithmetic, path=path,
-               value_slice=value_slice)
+               value_slice=value_slice, segments=segments)
     ref = ctypes.byref(p)
     workspace = None
     if kind == CHUNK:
@@ -119,14 +119,14 @@ def chunk_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
                    cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
                    scale: float, eps: float, eta_value: float, coefficient: int, readout: int,
                    output_final_state: bool, arithmetic: int, path: int,
-                   value_slice: int) -> Tuple[Tensor, Tensor]:
+                   value_slice: int, segments: int = 0) -> Tuple[Tensor, Tensor]:
     o = _out(v)
     final = _final_state(q, v, cu_seqlens, output_final_state)
     launch(CHUNK, q, k, v, o, g=g, eta=eta, eta_value=eta_value, eps=eps, scale=scale,
            coefficient=coefficient, readout=readout, initial_state=initial_state,
            final_state=final if output_final_state else None, cu_seqlens=cu_seqlens,
            cu_seqlens_cpu=cu_seqlens_cpu, arithmetic=arithmetic, path=path,
-           value_slice=value_slice)
+           value_slice=value_slice, segments=segments)
     return o, final
 
 
@@ -135,7 +135,7 @@ chunk_fwd = torch.library.custom_op("kla::chunk_fwd", chunk_fwd_impl, mutates_ar
 
 @chunk_fwd.register_fake
 def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
-      coefficient, readout, output_final_state, arithmetic, path, value_slice):
+      coefficient, readout, output_final_state, arithmetic, path, value_slice, segments=0):
     return _out(v), _final_state(q, v, cu_seqlens, output_final_state)
 
 

@@ -303,7 +303,7 @@ inline kla_status call(Entry e, const kla_params& p, cudaStream_t s = nullptr) {
   kla_plan plan{};
   const kla_status st = chunk_forward_pinned(p, s, &plan);
   if (st == KLA_SUCCESS)
-    last_ran() = Ran{plan.path, plan.value_slice, plan.chunk_len, plan.arithmetic};
+    last_ran() = Ran{plan.path, plan.value_slice, plan.chunk_len, plan.arithmetic, plan.segments};
   return st;
 }
 

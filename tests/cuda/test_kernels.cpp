@@ -3,7 +3,9 @@
 // in-place state, nothing written on error. Skipped with a message where no GPU exists.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "checks.hpp"
@@ -389,6 +391,77 @@ TEST(CudaKernels, EveryRequestedPathAgainstMpfr) {
     EXPECT_TRUE(cmp.ok) << plan.path_name << "/" << plan.value_slice << " " << cmp.report;
     std::printf("  [%s/%d] %s\n", plan.path_name, plan.value_slice, cmp.report.c_str());
   }
+}
+
+// The sequence split (kla_params.segments, cp/segments.hpp) against MPFR on fresh draws: ragged
+// lengths, a packed sequence shorter than its segments (empty segments: identity maps), a batch
+// of unpacked sequences, an initial state and none, the fold's final state; each dtype and both
+// arithmetics. The plan must report the split it ran (the tolerance then counts the maps pass's
+// hand-offs too: tolerance.hpp). Mutant split_fold_transition_skipped (the fold drops A) fails it.
+TEST(CudaKernels, SequenceSplitAgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  struct Case {
+    kla_dtype dt;
+    kla_arithmetic ar;
+    int segments, B, T, HV, K, V;
+    std::vector<int32_t> cu;
+    bool init;
+  };
+  const Case cases[] = {
+      {KLA_DTYPE_BF16, KLA_ARITHMETIC_ACCURATE, 5, 1, 64 * 11 + 17, 2, 128, 128, {}, true},
+      {KLA_DTYPE_BF16, KLA_ARITHMETIC_FAST, 4, 1, 64 * 12, 1, 128, 128, {}, true},
+      {KLA_DTYPE_FP16, KLA_ARITHMETIC_ACCURATE, 3, 1, 2001, 1, 64, 64, {0, 700, 701, 2001}, true},
+      {KLA_DTYPE_FP32, KLA_ARITHMETIC_ACCURATE, 4, 2, 600, 2, 64, 128, {}, false},
+      {KLA_DTYPE_FP32, KLA_ARITHMETIC_FAST, 16, 1, 64 * 20 + 5, 1, 96, 96, {}, true}};
+  const int n = int(sizeof cases / sizeof cases[0]);
+  std::random_device rd;
+  std::vector<Data> data;
+  for (const Case& k : cases) {
+    Config c;
+    c.dtype = k.dt, c.arithmetic = k.ar;
+    c.B = k.B, c.T = k.T, c.H = 1, c.HV = k.HV, c.K = k.K, c.V = k.V;
+    c.cu_seqlens = k.cu;
+    c.eps = 1e-6f;
+    c.has_init = k.init;
+    c.decay_max = 0.05;
+    c.seed = (std::uint64_t(rd()) << 32) | rd();
+    data.push_back(make_data(c));
+  }
+  std::vector<Outputs> refs(data.size());
+  parallel_for(n, [&](int i) { refs[i] = run_reference<Mpfr>(data[i]); });
+  for (int i = 0; i < n; ++i) {
+    const Case& k = cases[i];
+    const Data& d = data[i];
+    DeviceProblem dp(d);
+    kla_params p = dp.params();
+    p.segments = k.segments;
+    kla_plan plan{};
+    ASSERT_EQ(kla_plan_chunk_forward(&p, &plan), KLA_SUCCESS) << kla_last_error_message();
+    EXPECT_EQ(plan.segments, k.segments) << plan.reason;
+    const Outputs got = run_params(dp, Entry::chunk, p);
+    EXPECT_EQ(got.ran.segments, k.segments);
+    const Comparison cmp = compare(got, refs[i], d);
+    EXPECT_TRUE(cmp.ok) << d.cfg.describe() << " segments=" << k.segments << " " << cmp.report;
+    std::printf("  [%s/%d, %d segments] %s\n", plan.path_name, plan.value_slice, plan.segments,
+                cmp.report.c_str());
+  }
+}
+
+// A split the call cannot take is refused with the reason, and nothing is written.
+TEST(CudaKernels, SequenceSplitRefusedWritesNothing) {
+  KLA_REQUIRE_GPU();
+  Config c;
+  c.dtype = KLA_DTYPE_BF16, c.T = 300, c.K = 128, c.V = 192, c.seed = 9;  // K + V > 256
+  const Data d = make_data(c);
+  DeviceProblem dp(d);
+  kla_params p = dp.params();
+  p.segments = 2;
+  dp.poison();
+  EXPECT_EQ(kla_chunk_forward(&p, nullptr), KLA_ERROR_UNSUPPORTED_PATH);
+  EXPECT_NE(std::strstr(kla_last_error_message(), "K + V = 320"), nullptr)
+      << kla_last_error_message();
+  KLA_CUDA_CHECK(cudaDeviceSynchronize());
+  for (float x : dp.download_state()) ASSERT_TRUE(std::isnan(x)) << "final state written";
 }
 
 // A request the call cannot honour is an error naming the path, and nothing is written.

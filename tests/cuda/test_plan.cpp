@@ -26,6 +26,7 @@
 #include "kla/kla.h"
 #include "layout/chunk_geometry.hpp"
 #include "layout/generic_layout.hpp"
+#include "cp/segments.hpp"
 #include "plan/plan.hpp"
 
 namespace {
@@ -153,7 +154,12 @@ std::string describe(const kla_params& p) {
 /// filled in.
 void expect_consistent(const kla_params& p, const kla_device_info& d, const kla_plan& c) {
   SCOPED_TRACE(describe(p) + " on " + describe(d));
-  const int64_t N = sequences(p), HV = p.num_v_heads, V = p.head_dim_v, K = p.head_dim_k;
+  // A split plan's numbers are its second pass's: N * segments sequences of at most
+  // ceil(chunks / segments) chunks each (cp/segments.hpp, segment_start).
+  ASSERT_GE(c.segments, 1);
+  const int64_t N = sequences(p) * c.segments, HV = p.num_v_heads, V = p.head_dim_v,
+                K = p.head_dim_k;
+  const int64_t chunks = (max_chunks(p) + c.segments - 1) / c.segments;
   ASSERT_TRUE(c.path == KLA_PATH_WY || c.path == KLA_PATH_WY_TRANSPOSED ||
               c.path == KLA_PATH_TF32 || c.path == KLA_PATH_GENERIC)
       << int(c.path);
@@ -191,12 +197,14 @@ void expect_consistent(const kla_params& p, const kla_device_info& d, const kla_
     EXPECT_TRUE(c.value_slice == 16 || c.value_slice == 32) << c.value_slice;
     EXPECT_EQ(c.prep_blocks, 0);
     EXPECT_EQ(c.prep_smem_bytes, 0);
-    EXPECT_EQ(c.workspace_bytes, 0u);
+    if (c.segments == 1) {
+      EXPECT_EQ(c.workspace_bytes, 0u);  // (a requested split keeps its buffers there)
+    }
     return;
   }
   // The two-pass paths: a prep block per (chunk, value head, sequence), a workspace.
   EXPECT_EQ(c.chunk_len, 64);
-  EXPECT_EQ(c.prep_blocks, max_chunks(p) * HV * N);
+  EXPECT_EQ(c.prep_blocks, chunks * HV * N);
   EXPECT_LE(HV, 65535);
   EXPECT_LE(N, 65535);
   EXPECT_GT(c.prep_smem_bytes, 0);
@@ -1332,7 +1340,8 @@ bool same_plan(const kla_plan& a, const kla_plan& b) {
          a.chunk_len == b.chunk_len && a.value_slice == b.value_slice && a.stages == b.stages &&
          a.threads == b.threads && a.blocks == b.blocks && a.prep_blocks == b.prep_blocks &&
          a.smem_bytes == b.smem_bytes && a.prep_smem_bytes == b.prep_smem_bytes &&
-         a.workspace_bytes == b.workspace_bytes && std::strcmp(a.reason, b.reason) == 0;
+         a.workspace_bytes == b.workspace_bytes && a.segments == b.segments &&
+         std::strcmp(a.reason, b.reason) == 0;
 }
 
 TEST(PlanProperties, RandomShapesAndDevices) {
@@ -1367,7 +1376,16 @@ TEST(PlanProperties, RandomShapesAndDevices) {
     ++planned;
     EXPECT_NE(c->p.path, KLA_PATH_TOKENWISE);
     EXPECT_LT(o.reason.size(), sizeof(kla_plan::reason)) << "reason truncated: " << o.reason;
-    if (c->p.path == KLA_PATH_AUTO) {
+    if (c->p.path == KLA_PATH_AUTO && o.plan.segments > 1) {
+      // AUTO's split, requested as such, is the same plan.
+      Call& r = *c;
+      r.p.segments = o.plan.segments;
+      Outcome req = plan_for(r.p, d, b);
+      ASSERT_EQ(req.status, KLA_SUCCESS) << req.message;
+      std::memcpy(req.plan.reason, o.plan.reason, sizeof req.plan.reason);  // "as requested"
+      EXPECT_TRUE(same_plan(req.plan, o.plan));
+      r.p.segments = 0;
+    } else if (c->p.path == KLA_PATH_AUTO) {
       // AUTO's choice, requested explicitly with its width, is the same tiling.
       Call& r = *c;
       r.request(o.plan.path, o.plan.value_slice);
@@ -1398,6 +1416,111 @@ TEST(PlanProperties, RandomShapesAndDevices) {
 }
 
 }  // namespace
+
+// ---- the sequence split (cp/segments.hpp) ------------------------------------------------------
+
+// Segment offsets by hand: ceil(chunks / n) whole chunks a segment, the last the rest, trailing
+// segments of a short sequence empty.
+TEST(PlanSplit, SegmentCuts) {
+  using kla::cp::segment_start;
+  const int64_t a[] = {0, 320, 640, 960, 1280};  // 1489 tokens = 24 chunks, 5 a segment
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(segment_start(1489, 5, j), a[j]) << j;
+  EXPECT_EQ(segment_start(1, 3, 0), 0);
+  EXPECT_EQ(segment_start(1, 3, 1), 1);
+  EXPECT_EQ(segment_start(1, 3, 2), 1);
+  EXPECT_EQ(segment_start(4096, 4, 3), 3072);
+  Call c(shape(KLA_DTYPE_BF16, 1, 0, 1), {0, 700, 701, 2001});
+  const std::vector<int32_t> cuts = kla::cp::segment_cuts(c.p, 3);
+  // 700 tokens = 11 chunks, 4 a segment: 0, 256, 512; 1 token: 700, 701, 701; 1300 = 21 chunks,
+  // 7 a segment: 701, 1149, 1597; then the end.
+  const std::vector<int32_t> want = {0, 256, 512, 700, 701, 701, 701, 1149, 1597, 2001};
+  EXPECT_EQ(cuts, want);
+}
+
+// AUTO splits where N x HV <= 4 leaves the multiprocessors idle and the longest sequence makes at
+// least 4 segments of 32 chunks (at most 16); the numbers are the second pass's over N x n
+// sequences; the workspace includes the split's buffers wherever it may run.
+TEST(PlanSplit, AutoWhereFewSequencesAndHeads) {
+  {
+    Call c(shape(KLA_DTYPE_BF16, 1, 32768, 1));  // 512 chunks: 16 segments of 32
+    const Outcome o = plan_for(c.p, kH200);
+    ASSERT_EQ(o.status, KLA_SUCCESS) << o.message;
+    EXPECT_EQ(o.plan.segments, 16) << o.reason;
+    EXPECT_TRUE(Contains(o.reason, "split into 16 segments a sequence"));
+    EXPECT_EQ(o.plan.blocks, 16 * (128 / o.plan.value_slice));
+    EXPECT_EQ(o.plan.prep_blocks, 16 * 32);
+    Call one(shape(KLA_DTYPE_BF16, 1, 32768, 1));
+    one.p.segments = 1;
+    EXPECT_LT(kla_workspace_size(&one.p), kla_workspace_size(&c.p));
+    EXPECT_EQ(kla_workspace_size(&c.p),
+              kla_workspace_size(&one.p) + size_t(kla::cp::split_layout(c.p, 16).total));
+    const Outcome o1 = plan_for(one.p, kH200);
+    EXPECT_EQ(o1.plan.segments, 1);
+    EXPECT_EQ(o1.plan.blocks, 128 / o1.plan.value_slice);
+  }
+  {
+    Call c(shape(KLA_DTYPE_BF16, 1, 32768, 1, 128, 128, 2));  // N x HV = 2: 16 segments
+    EXPECT_EQ(plan_for(c.p, kH200).plan.segments, 16);
+    Call four(shape(KLA_DTYPE_BF16, 2, 65536, 1, 128, 128, 2));  // N x HV = 4, 1024 chunks: 8
+    EXPECT_EQ(plan_for(four.p, kH200).plan.segments, 8);
+    Call short4(shape(KLA_DTYPE_BF16, 1, 65536 - 64, 2, 128, 128, 4));  // 1023 chunks: one pass
+    const Outcome o = plan_for(short4.p, kH200);
+    EXPECT_EQ(o.plan.segments, 1);
+    EXPECT_TRUE(Contains(o.reason, "one pass (4 sequences x value heads and 1023 chunks"));
+  }
+  {
+    Call c(shape(KLA_DTYPE_BF16, 1, 32768, 8));  // 8 value heads: one pass, no split buffers
+    const Outcome o = plan_for(c.p, kH200);
+    EXPECT_EQ(o.plan.segments, 1);
+    EXPECT_FALSE(Contains(o.reason, "split"));
+    Call one(shape(KLA_DTYPE_BF16, 1, 32768, 8));
+    one.p.segments = 1;
+    EXPECT_EQ(kla_workspace_size(&one.p), kla_workspace_size(&c.p));
+  }
+  {
+    Call c(shape(KLA_DTYPE_BF16, 1, 4096, 1));  // 64 chunks: 2 segments of 32, too few
+    const Outcome o = plan_for(c.p, kH200);
+    EXPECT_EQ(o.plan.segments, 1);
+    EXPECT_TRUE(Contains(o.reason, "one pass (the longest sequence's 64 chunks make fewer than 4"));
+  }
+  {
+    Call c(shape(KLA_DTYPE_BF16, 1, 32768, 1));  // a requested path: no automatic split
+    c.request(KLA_PATH_WY, 16);
+    EXPECT_EQ(plan_for(c.p, kH200).plan.segments, 1);
+    c.p.segments = 4;  // a requested split runs both passes on it
+    const Outcome o = plan_for(c.p, kH200);
+    EXPECT_EQ(o.plan.segments, 4) << o.message;
+    EXPECT_EQ(o.plan.value_slice, 16);
+    EXPECT_TRUE(Contains(o.reason, "(as requested), 4 segments: maps pass wy/16 over K + V = 256"));
+  }
+}
+
+// A requested split the call cannot take is refused with why; bad values fail validation.
+TEST(PlanSplit, RequestsRefusedWithTheReason) {
+  Call wide(shape(KLA_DTYPE_BF16, 1, 1000, 1, 128, 192));
+  wide.p.segments = 3;
+  wide.with_workspace();
+  Outcome o = plan_for(wide.p, kH200);
+  EXPECT_EQ(o.status, KLA_ERROR_UNSUPPORTED_PATH);
+  EXPECT_TRUE(Contains(o.message, "segments = 3 cannot run this call: K + V = 320 exceeds 256"));
+  Call bare(shape(KLA_DTYPE_BF16, 1, 1000, 1));
+  bare.p.segments = 2;
+  bare.without_workspace();
+  o = plan_for(bare.p, kH200);
+  EXPECT_TRUE(Contains(o.message, "segments = 2 cannot run this call: no workspace"));
+  Call strided(shape(KLA_DTYPE_BF16, 2, 1000, 1));
+  strided.p.segments = 2;
+  strided.p.q_strides[0] += 8;  // batches not back to back
+  strided.with_workspace();
+  o = plan_for(strided.p, kH200);
+  EXPECT_TRUE(Contains(o.message, "q's batch stride"));
+  for (int bad : {-1, 17}) {
+    Call c(shape(KLA_DTYPE_BF16, 1, 1000, 1));
+    c.p.segments = bad;
+    EXPECT_EQ(kla_validate(&c.p), KLA_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(Contains(kla_last_error_message(), "segments = " + std::to_string(bad)));
+  }
+}
 
 // The chunks a block of the bf16 backward prep and input gradients (bwd_block_chunks): as many as
 // keep at least

@@ -80,6 +80,7 @@ struct Ran {
   int32_t value_slice = 0;
   int32_t chunk = 64;
   kla_arithmetic arithmetic = KLA_ARITHMETIC_ACCURATE;
+  int32_t segments = 1;  // > 1: the sequence split (kla_plan.segments)
 };
 
 /// The arithmetic of the path a call ran, for its dtype: RMS relative error of one rounded
@@ -89,6 +90,7 @@ struct PathArithmetic {
   int m = 4;
   int C = 64;
   bool chunked = true;  // sums its log decays over a chunk (r_G)
+  bool split = false;   // the sequence split: see model_sigma
   std::string key;
 };
 
@@ -120,7 +122,9 @@ inline PathArithmetic path_arithmetic(const Ran& ran, kla_dtype dt, int K) {
       a.r_op = u16, a.r_acc = kU32 * steps(8), a.m = 6;
       break;
   }
-  a.key = std::string(ran.path == KLA_PATH_AUTO ? "unknown" : kla_path_name(ran.path)) + "/" + dn;
+  a.split = ran.segments > 1;
+  a.key = std::string(ran.path == KLA_PATH_AUTO ? "unknown" : kla_path_name(ran.path)) + "/" + dn +
+          (a.split ? "+split" : "");
   return a;
 }
 
@@ -135,7 +139,12 @@ inline double model_sigma(const PathArithmetic& a, long T_max, double g_max) {
     n_h = std::min<long>(n_h, 1 + long(std::ceil(M / double(C))));
   }
   const double r_G = a.chunked ? kU32 * (C * g_max / 4) * std::sqrt(std::log2(double(C))) : 0.0;
-  return std::sqrt(double(n_h)) * (std::sqrt(double(a.m)) * (a.r_op + a.r_acc) + r_G);
+  // The split: a segment's incoming state comes from the maps pass (the same hand-offs, on [A | L]
+  // from [I | 0]) and the fold (one fp32 product of K terms a segment, r = u32 sqrt(K / 3), far
+  // below r_op); the second pass then adds its own hand-offs within the segment. Both chains are
+  // at most the n_h hand-offs the state remembers: twice the variance.
+  const double chains = a.split ? 2.0 : 1.0;
+  return std::sqrt(chains * double(n_h)) * (std::sqrt(double(a.m)) * (a.r_op + a.r_acc) + r_G);
 }
 
 }  // namespace kla::test

@@ -347,6 +347,48 @@ def test_cuda_graph_varlen_prefill():
         _capture(lambda: kla.chunk_kla(q, k, v, g, eta, cu_seqlens=cud))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sequence_split(dtype):
+    """kla_params.segments against the float64 recurrence: requested splits (a packed sequence
+    shorter than its segments included) and the plan's own at 1 x 8192 x 1; the same numbers
+    under CUDA-graph capture; the split's gradients are the one pass's (the backward does not
+    split)."""
+    cu = torch.tensor([0, 1000, 1001, 3000], dtype=torch.int32)
+    T, H, HV, K, V = 3000, 1, 2, 64, 128
+    q, k, v, g, eta = inputs(1, T, H, HV, K, V, dtype, seed=40)
+    h0 = state0(3, HV, K, V)
+    ro, rt = recurrence(q, k, v, g, eta, eps=1e-6, initial_state=h0, cu_seqlens=cu)
+    for n in (3, 16):
+        assert kla.plan(q, k, v, g, eta, cu_seqlens=cu, initial_state=h0, segments=n).segments == n
+        o, ht = kla.chunk_kla(q, k, v, g, eta, eps=1e-6, initial_state=h0, cu_seqlens=cu,
+                              output_final_state=True, segments=n)
+        check(o, ro, dtype, ht, rt)
+    graph, (og, hg) = _capture(lambda: kla.chunk_kla(q, k, v, g, eta, eps=1e-6, initial_state=h0,
+                                                     cu_seqlens=cu, output_final_state=True,
+                                                     segments=3))
+    graph.replay()
+    o3, h3 = kla.chunk_kla(q, k, v, g, eta, eps=1e-6, initial_state=h0, cu_seqlens=cu,
+                           output_final_state=True, segments=3)
+    assert torch.equal(og, o3) and torch.equal(hg, h3)
+    # The plan's own split: one sequence, one value head, 128 chunks (4 segments of 32).
+    q, k, v, g, eta = inputs(1, 8192, 1, 1, 128, 128, dtype, seed=41)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert kla.plan(q, k, v, g, eta).segments == 4
+    ro, rt = recurrence(q, k, v, g, eta, eps=1e-6)
+    o, ht = kla.chunk_kla(q, k, v, g, eta, eps=1e-6, output_final_state=True)
+    check(o, ro, dtype, ht, rt)
+    # Autograd through a split forward: the backward is the one pass's, whatever the split.
+    q, k, v, g, eta = inputs(1, 600, 1, 1, 64, 64, dtype, seed=42)
+    grads = []
+    for n in (1, 4):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, g, eta)]
+        o, _ = kla.chunk_kla(*leaves, eps=1e-6, segments=n)
+        o.float().square().sum().backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads):
+        assert rel_rms(a, b) <= 10 * TOL[dtype]
+
+
 def test_cuda_graph_pool_indices_read_at_replay():
     """Device indices (with their CPU copy for the capture-time check) are read by the kernel at
     every replay: a replay after new indices are copied in updates the new rows (docs)."""

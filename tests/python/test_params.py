@@ -230,3 +230,24 @@ def test_lowlevel_is_what_the_bench_calls(lib):
     assert (p.workspace, p.coefficient, p.dtype) == (ws.data_ptr(), kc.COEFF_GIVEN,
                                                      kc.DTYPE_FP32)
     assert kc.torch_dtype_code(torch.bfloat16) == kc.DTYPE_BF16
+
+
+def test_segments_requested_planned_and_checked(launched):
+    """kla_params.segments: passed through, the plan's split reported (kla_plan.segments), bad
+    values refused by the package, an impossible split by the library (nothing launched)."""
+    q, k, v = qkv(B=1, T=4096, H=1, HV=1, K=128, V=128)
+    kla.chunk_kla(q, k, v, segments=4)
+    assert launched.params["segments"] == 4 and launched.plan.segments == 4
+    kla.chunk_kla(q, k, v)  # the plan's choice: 64 chunks make fewer than 4 segments of 32
+    assert launched.params["segments"] == 0 and launched.plan.segments == 1
+    q2, k2, v2 = qkv(B=1, T=32768, H=1, HV=1, K=128, V=128)
+    kla.chunk_gated_delta_rule(q2, k2, v2, None, torch.rand(1, 32768, 1))
+    assert launched.params["segments"] == 0 and launched.plan.segments == 16
+    assert b"split into 16 segments" in launched.plan.reason
+    calls = len(launched.calls)
+    for bad in (-1, 17, 2.0, True):
+        with pytest.raises(ValueError, match="segments"):
+            kla.chunk_kla(q, k, v, segments=bad)
+    with pytest.raises(kla.KlaError, match=r"K \+ V = 320 exceeds 256"):
+        kla.chunk_kla(*qkv(B=1, T=100, H=1, HV=1, K=128, V=192), segments=2)
+    assert len(launched.calls) == calls

@@ -201,11 +201,23 @@ typedef struct kla_params {
    * 16 or 32; WY_TRANSPOSED: 64; TF32: 8, 16 or 32; GENERIC: 16 or 32; TOKENWISE: 16. V must be
    * a multiple of it. */
   int32_t value_slice;
+  /* Sequence split of kla_chunk_forward (docs/architecture.md, 'Sequence split'): 0 = the plan's
+   * choice, 1 = never, 2..16 = cut every sequence into that many chunk-aligned segments. The
+   * segments run in parallel from the state [I | 0] with values [0 | v], which gives each one's
+   * affine map S_out = A S_in + L; a fold S_in(s+1) = A_s S_in(s) + L_s (fp32) gives every segment
+   * its incoming state; a second pass runs the segments from it. About 2.3 times the work of one
+   * pass, for up to 16 times the blocks: the plan takes it only where few sequences and value
+   * heads leave the multiprocessors idle (N * HV <= 4, sequences of 8192 tokens or more). Needs
+   * K + V <= 256 and the workspace kla_workspace_size reports (it includes the split's buffers
+   * wherever the split may run). Occupies what was padding in ABI 5's first layout: a caller
+   * that zeroed the struct gets 0. */
+  int32_t segments;
 } kla_params;
 
 /* What a call will run (kla_plan_chunk_forward, kla_plan_tokenwise_forward). */
 typedef struct kla_plan {
-  kla_path path;             /* never AUTO */
+  kla_path path;             /* never AUTO; with segments > 1, the second pass's path */
+  int32_t segments;          /* segments a sequence (1: one pass; kla_params.segments) */
   const char* path_name;     /* "wy", "wy_transposed", "tf32", "generic", "tokenwise" (static) */
   int32_t chunk_len;         /* tokens per chunk (0 for tokenwise) */
   int32_t value_slice;       /* value columns per scan block */

@@ -7,6 +7,7 @@
 #include "api/device.hpp"
 #include "api/errors.hpp"
 #include "api/translate.hpp"
+#include "cp/split_launch.hpp"
 #include "kla/kla.h"
 #include "launch/launchers.hpp"
 #include "plan/plan.hpp"
@@ -25,11 +26,17 @@ kla_status plan_validated(const kla_params* p, bool chunk, kla::plan::Plan& plan
 
 kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char* entry) {
   if (kla_status s = kla_validate(p)) return s;
+  kla::plan::DeviceInfo dev;
+  if (kla_status s = kla::detail::current_device(dev)) return s;
   kla::plan::Plan plan;
-  if (kla_status s = plan_validated(p, chunk, plan)) return s;
+  if (kla_status s = chunk ? kla::plan::plan_chunk(*p, dev, kla::plan::this_build(), plan)
+                           : kla::plan::plan_tokenwise(*p, dev, plan))
+    return s;
   const char* what = "the launch";
-  const cudaError_t e = kla::kernels::launch(kla::detail::translate(*p, plan), plan, p->dtype,
-                                             static_cast<cudaStream_t>(stream), what);
+  const auto st = static_cast<cudaStream_t>(stream);
+  const cudaError_t e = plan.segments > 1 ? kla::cp::launch_split(*p, plan.segments, dev, st, what)
+                                          : kla::kernels::launch(kla::detail::translate(*p, plan),
+                                                                 plan, p->dtype, st, what);
   if (e == cudaSuccess) return KLA_SUCCESS;
   (void)cudaGetLastError();  // clear the runtime's sticky error for this thread
   return fail(KLA_ERROR_CUDA, std::string(entry) + ": " + what + " (path " +

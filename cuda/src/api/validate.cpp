@@ -9,6 +9,7 @@
 
 #include "kla/kla.h"
 #include "api/errors.hpp"
+#include "cp/segments.hpp"
 #include "bwd/bwd_layout.hpp"
 #include "layout/chunk_geometry.hpp"
 
@@ -184,6 +185,10 @@ kla_status kla_validate(const kla_params* p) {
   if (vs != 0 && path == KLA_PATH_AUTO)
     return fail(KLA_ERROR_INVALID_VALUE,
                 cat("value_slice = ", vs, " needs an explicit path (kla_params.path is AUTO)"));
+  if (p->segments < 0 || p->segments > kla::cp::kMaxSegments)
+    return fail(KLA_ERROR_INVALID_VALUE,
+                cat("segments = ", p->segments,
+                    " is not 0 (the plan's choice), 1 (no split) or 2..", kla::cp::kMaxSegments));
 
   const struct {
     const char* name;
@@ -366,9 +371,26 @@ size_t kla_workspace_size(const kla_params* p) {
       double(slots) * (double(p->num_v_heads) * double(kla::layout::ws_record_bytes(K, V)) +
                        2.0 * double(H) * double(image));
   if (total > 9.0e18) return 0;
-  return static_cast<size_t>(
-      kla::layout::ws_records_bytes(N, p->seq_len, packed, p->num_v_heads, K, V) +
-      slots * 2 * H * image);
+  const int64_t base = kla::layout::ws_records_bytes(N, p->seq_len, packed, p->num_v_heads, K, V) +
+                       slots * 2 * H * image;
+  // The sequence split's buffers wherever the plan may split the call (cp/segments.hpp), for the
+  // requested segments or the most the plan takes; head dims not set: the largest split (K + V =
+  // 256, every K).
+  int64_t split = 0;
+  if (p->segments != 1) {
+    kla_params s = *p;
+    s.num_heads = H;
+    const int n = p->segments >= 2 ? p->segments : kla::cp::kMaxSegments;
+    if (dims_set) {
+      if (kla::cp::split_possible(s)) split = kla::cp::split_layout(s, n).total;
+    } else {
+      for (int64_t k = 16; k <= 240; k += 16) {
+        s.head_dim_k = k, s.head_dim_v = 256 - k;
+        if (kla::cp::split_possible(s)) split = std::max(split, kla::cp::split_layout(s, n).total);
+      }
+    }
+  }
+  return static_cast<size_t>(base + split);
 }
 
 void kla_backward_params_init_abi(kla_backward_params* p, uint32_t abi_version,
@@ -413,6 +435,7 @@ kla_status kla_validate_backward(const kla_backward_params* p) {
     f.workspace_size = 0;
     f.path = KLA_PATH_AUTO;
     f.value_slice = 0;  // (arithmetic is the backward's too: checked as the forward's)
+    f.segments = 0;     // the forward's split does not change its gradients
   }
   if (kla_status s = kla_validate(&f)) {
     std::string m = kla_last_error_message();

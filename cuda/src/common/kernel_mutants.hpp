@@ -30,6 +30,7 @@ enum class KernelMutant : int {
   bwd_scan_keys_own_record,   // bwd/bwd_state_*_bf16.cuh: raw keys, queries from the head's record
   bwd_prep_next_chunk_keys_skipped,  // bwd/bwd_prep_bf16.cuh: a block's next chunk's K not fetched
   bwd_grads_next_states_skipped,     // bwd/bwd_input_grads_bf16.cuh: the next head's S not fetched
+  split_fold_transition_skipped,     // cp/segments.cu: the fold carries L alone (S_in = L)
   count
 };
 
@@ -53,7 +54,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_scan_x_rows_skipped",
                                                      "bwd_scan_keys_own_record",
                                                      "bwd_prep_next_chunk_keys_skipped",
-                                                     "bwd_grads_next_states_skipped"};
+                                                     "bwd_grads_next_states_skipped",
+                                                     "split_fold_transition_skipped"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 

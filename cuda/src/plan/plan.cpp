@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "api/errors.hpp"
+#include "cp/segments.hpp"
 #include "layout/tf32_layout.hpp"
 #include "layout/tokenwise_layout.hpp"
 #include "layout/wy_layout.hpp"
@@ -323,10 +324,9 @@ kla_status decide_chunk(const Problem& pb, const DeviceInfo& dev, const BuildInf
   return KLA_SUCCESS;
 }
 
-}  // namespace
-
-kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInfo& build,
-                      Plan& out) {
+/// One pass over the call as it is (no split).
+kla_status plan_one_pass(const kla_params& p, const DeviceInfo& dev, const BuildInfo& build,
+                         Plan& out) {
   const Problem pb = describe(p);
   const kla_status s = decide_chunk(pb, dev, build, out);
   // FAST is a bound on the error, which ACCURATE meets: a path without a FAST arithmetic for the
@@ -337,6 +337,60 @@ kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInf
                      pb.elem == Elem::F32 ? "wy" : "wy_transposed",
                      " has), and ACCURATE meets the FAST contract; ", out.reason);
   return s;
+}
+
+/// The sequence split (cp/segments.hpp) over a planned one-pass call: requested (segments >= 2,
+/// the passes on the requested path and tiling, refused where either cannot run) or the plan's
+/// (segments 0, path AUTO, a two-pass path: where few sequences and value heads leave the
+/// multiprocessors idle; one pass where a pass cannot be planned).
+kla_status plan_split(const kla_params& p, const DeviceInfo& dev, const BuildInfo& build,
+                      Plan& out) {
+  std::string why = "as requested";
+  int n = 1;
+  const bool requested = p.segments >= 2;
+  if (requested) {
+    if (auto s = cp::split_can_implement(p); !s.empty())
+      return detail::fail(KLA_ERROR_UNSUPPORTED_PATH,
+                          cat("segments = ", p.segments, " cannot run this call: ", s));
+    n = p.segments;
+  } else if (p.segments == 0 && p.path == KLA_PATH_AUTO && out.path != KLA_PATH_GENERIC &&
+             cp::split_possible(p)) {
+    n = cp::auto_segments(p, dev.sms, why);
+    if (n <= 1) out.reason += cat("; one pass (", why, ")");
+  }
+  if (n <= 1) return KLA_SUCCESS;
+  const cp::SplitLayout L = cp::split_layout(p, n);
+  const std::vector<int32_t> cuts = cp::segment_cuts(p, n);
+  Plan maps, second;
+  kla_status s = plan_one_pass(cp::pass_params(p, L, true, cuts), dev, build, maps);
+  if (s == KLA_SUCCESS) s = plan_one_pass(cp::pass_params(p, L, false, cuts), dev, build, second);
+  if (s != KLA_SUCCESS) {
+    if (requested) return s;  // the message names the pass's path and why
+    detail::clear_error();
+    out.reason += "; one pass (a split's pass cannot be planned)";
+    return KLA_SUCCESS;
+  }
+  // A FAST request the second pass runs ACCURATE keeps plan_one_pass's leading clause.
+  const std::string fast_clause = second.reason.rfind("arithmetic ACCURATE: the ", 0) == 0
+                                      ? second.reason.substr(0, second.reason.find("; ") + 2)
+                                      : std::string();
+  out = second;
+  out.segments = n;
+  out.workspace_bytes = L.total;
+  out.reason =
+      cat(fast_clause, "split into ", n, " segments a sequence (", why, "), ", L.M,
+          " segments: maps pass ", kla_path_name(maps.path), "/", maps.value_slice,
+          " over K + V = ", L.K + L.V, " columns, fold, second pass ", kla_path_name(second.path),
+          "/", second.value_slice, second.arithmetic == KLA_ARITHMETIC_FAST ? " (FAST)" : "");
+  return KLA_SUCCESS;
+}
+
+}  // namespace
+
+kla_status plan_chunk(const kla_params& p, const DeviceInfo& dev, const BuildInfo& build,
+                      Plan& out) {
+  if (kla_status s = plan_one_pass(p, dev, build, out)) return s;
+  return plan_split(p, dev, build, out);
 }
 
 kla_status plan_tokenwise(const kla_params& p, const DeviceInfo& dev, Plan& out) {
@@ -377,6 +431,7 @@ void to_c(const Plan& in, kla_plan& out) {
   out.prep_smem_bytes = in.prep_smem_bytes;
   out.workspace_bytes = size_t(in.workspace_bytes);
   out.arithmetic = in.arithmetic;
+  out.segments = in.segments;
   const size_t n = std::min(in.reason.size(), sizeof out.reason - 1);
   std::memcpy(out.reason, in.reason.data(), n);
   out.reason[n] = '\0';

@@ -45,6 +45,8 @@ struct Plan {
   int kmax = 0;              // tokenwise register family (64, 128, 256)
   int64_t num_seqs = 0;      // N: batch, or num_seqs with cu_seqlens
   int64_t max_chunks = 0;    // 64-token chunks of the longest sequence
+  int segments = 1;          // > 1: the sequence split (cp/segments.hpp); the fields above are
+                             // then its second pass's, workspace_bytes the whole call's
   std::string reason;
 };
 
