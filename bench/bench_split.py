@@ -2,6 +2,7 @@
 and FLA, on the peers' recipe inputs, replayed from CUDA graphs (kernel to kernel).
 
     PYTHONPATH=python KLA_CUDA_LIBRARY=... python3 bench/bench_split.py --out DIR [--no-fla]
+    (KLA_SPLIT_ROWS=n: only the first n rows, a smoke run)
 
 Rows: few sequences x value heads (where the plan splits: N x HV <= 4, e.g. a Qwen3-Next-style
 layer's 16 / 32 heads under 8-way tensor parallelism is 2 / 4 a GPU) and two of issue 26's rows
@@ -20,11 +21,15 @@ import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+try:  # --plot needs matplotlib alone (the GPU machine has torch, this one matplotlib)
+    import torch
+    import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import kla  # noqa: E402
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import kla  # noqa: E402
+except ImportError:
+    torch = F = kla = None
+from side_by_side import capture_graph  # noqa: E402 (one definition of the graph timing)
 
 K = V = 128
 EPS = 1e-6
@@ -58,18 +63,7 @@ def median_ms(fn, reps=15):
 
 def graph_ms(fn, calls=3):
     """Median replay time per call of a CUDA graph holding `calls` calls fn(i)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(2):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
-        for i in range(calls):
-            fn(i)
-    return median_ms(g.replay) / calls
+    return median_ms(capture_graph(torch, fn, calls, warm_calls=2).replay) / calls
 
 
 def make(lens, H, HV, dev):
@@ -97,7 +91,8 @@ def run(args):
         except Exception as e:  # noqa: BLE001
             log(f"FLA not importable ({type(e).__name__}: {e}); its column stays empty")
     rows = []
-    for label, lens, H, HV, forced in ROWS:
+    first = int(os.environ.get("KLA_SPLIT_ROWS", "0")) or len(ROWS)  # a smoke run: the first rows
+    for label, lens, H, HV, forced in ROWS[:first]:
         t0 = time.time()
         sets = [make(lens, H, HV, dev) for _ in range(2)]
         cu_cpu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))])

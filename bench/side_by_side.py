@@ -97,6 +97,24 @@ def device_copy_bps(torch, device, median_ms, n=1 << 30):
     return 2.0 * n / (median_ms(lambda: b.copy_(a)) * 1e-3)
 
 
+def capture_graph(torch, fn, calls, warm_calls):
+    """A CUDA graph of fn(0) .. fn(calls - 1), captured after warm_calls eager calls on a side
+    stream (allocations, compilation and autotuning happen there, outside the capture). Replayed,
+    it times the calls kernel to kernel (bench/bench_split.py uses it too)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(warm_calls):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        for i in range(calls):
+            fn(i)
+    return g
+
+
 def rel_rms(a, b):
     a = a.double()
     b = b.double()
@@ -239,18 +257,7 @@ class Runner:
 
     def graph_us(self, fn, calls, reps=20):
         """Median replay time per call of a CUDA graph that holds calls fn(0..calls-1)."""
-        torch = self.torch
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for i in range(min(calls, 3)):
-                fn(i)
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, capture_error_mode="thread_local"):
-            for i in range(calls):
-                fn(i)
+        g = capture_graph(self.torch, fn, calls, warm_calls=min(calls, 3))
         ms = self.median_ms(lambda i: g.replay(), reps=reps)
         return 1e3 * ms / calls
 

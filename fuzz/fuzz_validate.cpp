@@ -200,14 +200,47 @@ std::optional<kla_status> early_status(const kla_params& p) {
 /// bytes a value head (T and P, 64 x 64 fp32 each, and 5 x 64 fp32 scalars), plus, for fp32 with
 /// arithmetic FAST at head_dim_k 64, 96 or 128, the chunk's K and Q split into bf16 hi + lo:
 /// 2 x ceil(K / 64) x 64 x 128 bytes each, per key head. Head dims set (validated).
+/// Or, where kla.h says the sequence split may run (kla_workspace_size's comment), the split's
+/// buffers if larger: for n segments (segments, or 16 for 0), M = N n packed sequences over B T
+/// tokens and W = K + V, the passes' records and images for those M sequences, 2 tokens HV W dtype
+/// elements, 2 M HV K W and 2 M HV K V floats and M + 1 int32, each piece rounded up to 16 bytes.
 i128 documented_workspace_size(const kla_params& p) {
   const bool packed = p.cu_seqlens != nullptr;
   const std::int64_t N = packed ? p.num_seqs : p.batch, T = p.seq_len, K = p.head_dim_k;
-  const i128 slots = packed ? i128(T / 64 + N) : mul(N, (T + 63) / 64);
+  const std::int64_t V = p.head_dim_v, HV = p.num_v_heads;
   const bool images =
       raw_enum(p.dtype) == 0 && raw_enum(p.arithmetic) == 1 && (K == 64 || K == 96 || K == 128);
   const i128 image = images ? i128(2 * ((K + 63) / 64) * 64 * 128) : 0;
-  return mul(slots, add(mul(p.num_v_heads, 34048), mul(2 * p.num_heads, image)));
+  const auto records = [&](i128 slots) {
+    return mul(slots, add(mul(HV, 34048), mul(2 * p.num_heads, image)));
+  };
+  const i128 one = records(packed ? i128(T / 64 + N) : mul(N, (T + 63) / 64));
+  // When the split may run.
+  const std::int64_t tokens = packed ? T : p.batch * T;
+  bool split = p.segments != 1 && (p.segments >= 2 || N * HV <= 4) && K + V <= 256 &&
+               !p.state_pool &&
+               (packed || i128(p.batch) * T <= std::numeric_limits<std::int32_t>::max());
+  if (split && !packed && p.batch > 1) {
+    const struct {
+      const void* ptr;
+      const std::int64_t* s;
+    } t[] = {{p.q, p.q_strides}, {p.k, p.k_strides}, {p.v, p.v_strides},
+             {p.o, p.o_strides}, {p.g, p.g_strides}, {p.eta, p.eta_strides}};
+    for (const auto& x : t)
+      if (x.ptr && i128(x.s[0]) != mul(T, x.s[1])) split = false;
+  }
+  if (!split) return one;
+  const i128 n = p.segments >= 2 ? p.segments : 16, M = i128(N) * n, W = K + V;
+  if (M > std::numeric_limits<std::int32_t>::max()) return one;
+  const std::int64_t es = raw_enum(p.dtype) == 0 ? 4 : 2;
+  const auto r16 = [](i128 x) { return (x + 15) / 16 * 16; };
+  i128 extra = r16(records(i128(tokens / 64) + M));
+  extra = add(extra, mul(2, r16(mul(mul(tokens, HV), W * es))));
+  extra = add(extra, mul(2, r16(mul(mul(M, HV), K * W * 4))));
+  extra = add(extra, mul(2, r16(mul(mul(M, HV), K * V * 4))));
+  extra = add(extra, r16((M + 1) * 4));
+  if (extra > (i128(1) << 62)) return one;  // the split cannot run
+  return extra > one ? extra : one;         // a call runs one pass or the split
 }
 
 Verdict independent(const kla_params& p, const HostArrays& a) {
@@ -221,6 +254,7 @@ Verdict independent(const kla_params& p, const HostArrays& a) {
   // explicit path.
   if (path < 0 || path > 5 || !valid_value_slice(p.value_slice) || (p.value_slice && path == 0))
     return KLA_INVALID();
+  if (p.segments < 0 || p.segments > 16) return KLA_INVALID();  // the sequence split's count
   const std::int64_t B = p.batch, T = p.seq_len, H = p.num_heads, HV = p.num_v_heads;
   const std::int64_t K = p.head_dim_k, V = p.head_dim_v;
   if (B <= 0 || T <= 0 || H <= 0 || HV <= 0 || K <= 0 || V <= 0) return KLA_INVALID();
@@ -445,7 +479,7 @@ void build_valid(Bytes& r, kla_params& p, HostArrays& a) {
 
 void mutate(Bytes& r, kla_params& p, HostArrays& a) {
   std::int64_t* strides[] = {p.q_strides, p.k_strides, p.v_strides, p.o_strides};
-  const unsigned field = r.u8() % 30;
+  const unsigned field = r.u8() % 31;
   switch (field) {
     case 0: set_enum(p.dtype, std::int32_t(pick_i64(r, raw_enum(p.dtype)))); break;
     case 1: set_enum(p.coefficient, std::int32_t(pick_i64(r, raw_enum(p.coefficient)))); break;
@@ -514,6 +548,11 @@ void mutate(Bytes& r, kla_params& p, HostArrays& a) {
     case 28: {  // in-place / partially overlapping states
       p.final_state = static_cast<float*>(buf_at(16u * r.u8() + (r.flag() ? 4 : 0)));
       p.initial_state = static_cast<const float*>(buf_at(16u * r.u8()));
+      break;
+    }
+    case 29: {  // the sequence split's count: valid 0..16 mostly, sometimes any
+      const std::int32_t pick[] = {0, 1, 2, 3, 16, 17, -1};
+      p.segments = r.flag() ? pick[r.u8() % 7] : std::int32_t(r.u32());
       break;
     }
     default: {  // a whole stride triple from raw bytes
@@ -688,7 +727,8 @@ bool same_plan(const kla_plan& a, const kla_plan& b) {
   return raw_enum(a.path) == raw_enum(b.path) && a.chunk_len == b.chunk_len &&
          a.value_slice == b.value_slice && a.stages == b.stages && a.threads == b.threads &&
          a.blocks == b.blocks && a.prep_blocks == b.prep_blocks && a.smem_bytes == b.smem_bytes &&
-         a.prep_smem_bytes == b.prep_smem_bytes && a.workspace_bytes == b.workspace_bytes;
+         a.prep_smem_bytes == b.prep_smem_bytes && a.workspace_bytes == b.workspace_bytes &&
+         a.segments == b.segments;
 }
 
 // One plan result for validated params, against kla.h's promises (none of the library's own
@@ -701,7 +741,9 @@ void check_plan(const kla_params& p, const kla_device_info& d, const PlanResult&
     bad("status is neither KLA_SUCCESS nor KLA_ERROR_UNSUPPORTED_PATH");
   if (r.st != KLA_SUCCESS) {
     if (r.msg.size() <= 5 || r.msg.rfind("kla: ", 0) != 0) bad("refused without a message");
-    if (want != KLA_PATH_AUTO && r.msg.find(kPathNames[want]) == std::string::npos)
+    // (or, for a split that cannot run, the segments request: kla_params.segments)
+    if (want != KLA_PATH_AUTO && r.msg.find(kPathNames[want]) == std::string::npos &&
+        !(p.segments >= 2 && r.msg.rfind("kla: segments = ", 0) == 0))
       bad("the refusal of a requested path does not name the path");
     return;
   }
@@ -722,7 +764,13 @@ void check_plan(const kla_params& p, const kla_device_info& d, const PlanResult&
   if (!sm90a && wy) bad("a WY path in a build without sm_90a kernels");
 
   const std::int64_t K = p.head_dim_k, V = p.head_dim_v, HV = p.num_v_heads;
-  const std::int64_t N = p.cu_seqlens ? p.num_seqs : p.batch;
+  // kla.h, kla_params.segments: a requested count runs as requested, 1 never splits; a split
+  // plan's numbers are its second pass's, over N x segments sequences.
+  if (pl.segments < 1 || pl.segments > 16) bad("segments not in [1, 16]");
+  if (p.segments >= 2 && pl.segments != p.segments) bad("a requested split was not honoured");
+  if (p.segments == 1 && pl.segments != 1) bad("split with segments = 1");
+  if (pl.segments > 1 && K + V > 256) bad("a split with K + V > 256");
+  const std::int64_t N = (p.cu_seqlens ? p.num_seqs : p.batch) * pl.segments;
   const std::int32_t vs = pl.value_slice;
   if (vs <= 0 || V % vs != 0) bad("value_slice does not divide head_dim_v");
   if (p.value_slice != 0 && vs != p.value_slice) bad("a requested value_slice was not honoured");
@@ -811,8 +859,11 @@ void check_plans(const kla_params& p, int vstatus, const kla_device_info& d) {
     kla_params q = p;
     q.path = r.plan.path;
     q.value_slice = r.plan.value_slice;
+    q.segments = r.plan.segments;  // (a split's maps pass may not take its second pass's width)
     const PlanResult rq = plan_public(q, d);
-    if (rq.st != KLA_SUCCESS || !same_plan(r.plan, rq.plan))
+    if (r.plan.segments > 1 && rq.st == KLA_ERROR_UNSUPPORTED_PATH) {
+      // the requested width applies to both passes: refused, with a message, is kla.h's rule
+    } else if (rq.st != KLA_SUCCESS || !same_plan(r.plan, rq.plan))
       die_plan("the plan's own path and value_slice, requested explicitly, plan differently", q, d,
                rq, true);
   }
@@ -937,8 +988,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (d.abi_version != KLA_ABI_VERSION || d.struct_size != sizeof(kla_params) ||
         raw_enum(d.path) != KLA_PATH_AUTO || d.value_slice != 0 || d.eta_value != 1.0f ||
         d.eps != 0.0f || d.scale != 0.0f || raw_enum(d.coefficient) != KLA_COEFF_KACZMARZ ||
-        raw_enum(d.readout) != KLA_READOUT_SCALE || raw_enum(d.arithmetic) != 0 || d.workspace ||
-        d.q || d.cu_seqlens || d.state_pool)
+        raw_enum(d.readout) != KLA_READOUT_SCALE || raw_enum(d.arithmetic) != 0 ||
+        d.segments != 0 || d.workspace || d.q || d.cu_seqlens || d.state_pool)
       std::abort();
   }
   for (std::int32_t v = 0; v <= KLA_PATH_TOKENWISE; ++v) {

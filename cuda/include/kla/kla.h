@@ -277,9 +277,19 @@ KLA_API kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t strea
  * cu_seqlens, seq_len, num_heads, num_v_heads, head dims) and dtype: about 34 KB per 64-token
  * chunk and value head (each chunk's matrices), plus for fp32 with arithmetic FAST with
  * head_dim_k 64, 96 or 128 the chunk's keys and queries split into bf16 hi + lo (32 KB per chunk
- * and key head at K = 64, 64 KB at 96 or 128). Head dims left 0 give the size for the
- * largest call. Pure host arithmetic; 0 for NULL or unusable sizes. The entry points themselves
- * never allocate. */
+ * and key head at K = 64, 64 KB at 96 or 128). Where the sequence split may run (segments >= 2,
+ * or 0 with N * HV <= 4; and K + V <= 256, no state pool, B * T <= 2^31-1 and, for B > 1
+ * unpacked, every given q, k, v, o, g, eta with a batch stride of seq_len token strides), the
+ * size is the larger of that and the split's buffers (a call runs one or the other) for n
+ * segments a sequence (segments, or 16 for 0), M = N n sequences
+ * over the B * T tokens (T packed) and W = K + V: the passes' workspace (the size above for M
+ * packed sequences over those tokens), 2 x tokens x HV x W dtype elements, 2 x M x HV x K x W and
+ * 2 x M x HV x K x V floats and M + 1 int32, each of the seven pieces rounded up to 16 bytes
+ * (where M exceeds 2^31-1 or these add up to more than 2^62 bytes, the split cannot run and
+ * counts for nothing).
+ * Head dims left 0 give the size for the largest call (for the split: the largest over K = 16 ..
+ * 240, V = 256 - K). Pure host arithmetic; 0 for NULL or unusable sizes. The entry points
+ * themselves never allocate. */
 KLA_API size_t kla_workspace_size(const kla_params* p);
 
 /* ---- Chunkwise backward (training; docs/api.md "Backward") ---------------------------------

@@ -1,7 +1,9 @@
 // The thread-local error message of the C ABI (kla_last_error_message): set by validation, the plan
-// and the entry points, each through fail(), its text put together by cat().
+// and the entry points, each through fail(), its text put together by cat(); and enum_bits, the
+// one way host code reads a caller's enum field.
 #pragma once
 
+#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -20,6 +22,17 @@ std::string cat(const A&... a) {
   std::ostringstream os;
   (os << ... << a);
   return os.str();
+}
+
+// A C caller may store any int in an enum field; loading an out-of-range value as a C++ enum
+// without a fixed underlying type is undefined, so enum fields are read as their bytes
+// (validation, kla_workspace_size and the split's sizes, which see params before validation).
+template <class E>
+int enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized on supported ABIs");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
 }
 
 }  // namespace kla::detail

@@ -108,16 +108,6 @@ kla_status check_gate(const char* name, const float* p, const int64_t* s, int64_
   return KLA_SUCCESS;
 }
 
-// A C caller may store any int in an enum field; loading an out-of-range value as a C++ enum
-// without a fixed underlying type is undefined, so enum fields are read as their bytes.
-template <class E>
-int enum_bits(const E& e) {
-  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized on supported ABIs");
-  int v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
-
 bool head_dim_ok(int64_t d) {
   return d >= 16 && d <= 256 && d % 16 == 0;
 }
@@ -373,9 +363,9 @@ size_t kla_workspace_size(const kla_params* p) {
   if (total > 9.0e18) return 0;
   const int64_t base = kla::layout::ws_records_bytes(N, p->seq_len, packed, p->num_v_heads, K, V) +
                        slots * 2 * H * image;
-  // The sequence split's buffers wherever the plan may split the call (cp/segments.hpp), for the
-  // requested segments or the most the plan takes; head dims not set: the largest split (K + V =
-  // 256, every K).
+  // The sequence split's buffers (its passes' records included) wherever the plan may split the
+  // call (cp/segments.hpp), for the requested segments or the most the plan takes; head dims not
+  // set: the largest split (K + V = 256, every K). A call uses one or the other from offset 0.
   int64_t split = 0;
   if (p->segments != 1) {
     kla_params s = *p;
@@ -390,7 +380,7 @@ size_t kla_workspace_size(const kla_params* p) {
       }
     }
   }
-  return static_cast<size_t>(base + split);
+  return static_cast<size_t>(std::max(base, split));  // a call runs one pass or the split
 }
 
 void kla_backward_params_init_abi(kla_backward_params* p, uint32_t abi_version,

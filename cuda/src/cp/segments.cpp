@@ -1,8 +1,13 @@
 // The sequence split's host side (cp/segments.hpp): cuts, predicates, workspace layout, the two
-// passes' params. Pure host arithmetic on validated params.
+// passes' params. Pure host arithmetic on validated params, except split_possible and
+// split_layout, which kla_workspace_size calls before validation (after its own size checks:
+// head dims in (0, 4096], seq_len, sequences and value heads in [1, 2^31-1]): they read enums as
+// raw bits and check every product of a caller's value for overflow.
 #include "cp/segments.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <initializer_list>
 
 #include "api/errors.hpp"
 #include "layout/chunk_geometry.hpp"
@@ -12,8 +17,10 @@ namespace {
 
 using detail::cat;
 
-int64_t elem_bytes(kla_dtype d) {
-  return d == KLA_DTYPE_FP32 ? 4 : 2;
+/// Bytes of an element of the call's dtype, read as raw bits: kla_workspace_size sees params
+/// before validation, whose enum fields may hold any value.
+int64_t elem_bytes(const kla_dtype& d) {
+  return detail::enum_bits(d) == KLA_DTYPE_FP32 ? 4 : 2;
 }
 int64_t round16(int64_t x) {
   return (x + 15) / 16 * 16;
@@ -44,13 +51,16 @@ std::string layout_refusal(const kla_params& p) {
              {"o", p.o, p.o_strides[0], p.o_strides[1]},
              {"g", p.g, p.g_strides[0], p.g_strides[1]},
              {"eta", p.eta, p.eta_strides[0], p.eta_strides[1]}};
+    int64_t span = 0;  // (strides are not validated yet where kla_workspace_size asks)
     for (const auto& x : t)
-      if (x.ptr && x.batch != p.seq_len * x.token)
+      if (x.ptr && (__builtin_mul_overflow(p.seq_len, x.token, &span) || x.batch != span))
         return cat(x.name, "'s batch stride ", x.batch, " is not seq_len times its token stride ",
                    x.token, " (the segments are packed over batch x tokens)");
   }
-  if (num_seqs(p) * p.seq_len > INT32_MAX && !packed(p))
-    return "batch x seq_len exceeds 2^31-1 tokens";
+  // Its buffers for the most segments it may take (the requested count, else kMaxSegments).
+  if (split_layout(p, p.segments >= 2 ? p.segments : kMaxSegments).total < 0)
+    return "the split's buffers would exceed 2^62 bytes, its segments or batch x seq_len tokens "
+           "2^31-1";
   return "";
 }
 
@@ -104,37 +114,45 @@ int auto_segments(const kla_params& p, int sms, std::string& why) {
 }
 
 SplitLayout split_layout(const kla_params& p, int n) {
+  constexpr int64_t kLimit = int64_t(1) << 62;
   SplitLayout L;
   L.n = n;
   L.N = num_seqs(p);
-  L.M = L.N * n;
-  L.tokens = packed(p) ? p.seq_len : p.batch * p.seq_len;
   L.HV = p.num_v_heads, L.K = p.head_dim_k, L.V = p.head_dim_v;
-  const int64_t W = L.K + L.V, es = elem_bytes(p.dtype);
-  // The passes' own workspace: kla_workspace_size of each, shapes only (packed, M sequences).
+  L.tokens = p.seq_len;
+  L.total = -1;
+  if (__builtin_mul_overflow(L.N, int64_t(n), &L.M) || L.M > INT32_MAX) return L;
+  if (!packed(p) && (__builtin_mul_overflow(p.batch, p.seq_len, &L.tokens) || L.tokens > INT32_MAX))
+    return L;
+  // The passes' own workspace: kla_workspace_size for M packed sequences over the tokens (its
+  // records do not depend on V, so one size serves both passes).
   int32_t dummy = 0;
   kla_params s = p;
   s.batch = 1, s.seq_len = L.tokens, s.num_seqs = L.M;
   s.cu_seqlens = nullptr, s.cu_seqlens_host = &dummy;  // packed: only the flag is read
   s.segments = 1;
-  const int64_t second = int64_t(kla_workspace_size(&s));
-  s.head_dim_v = W;
-  const int64_t maps = int64_t(kla_workspace_size(&s));
+  const int64_t passes = int64_t(kla_workspace_size(&s));
+  if (passes == 0) return L;
+  // Each piece a product of positive factors rounded up to 16 bytes; every sum checked.
   int64_t at = 0;
-  auto take = [&](int64_t bytes) {
+  auto take = [&](std::initializer_list<int64_t> factors) {
+    int64_t x = 1;
+    for (int64_t f : factors)
+      if (at < 0 || __builtin_mul_overflow(x, f, &x) || x > kLimit) return at = -1, int64_t(-1);
     const int64_t off = at;
-    at += round16(bytes);
+    if (at < 0 || __builtin_add_overflow(at, round16(x), &at) || at > kLimit) at = -1;
     return off;
   };
-  L.passes = round16(std::max(second, maps));
-  take(L.passes);
-  L.values = take(L.tokens * L.HV * W * es);
-  L.maps_out = take(L.tokens * L.HV * W * es);
-  L.identity = take(L.M * L.HV * L.K * W * 4);
-  L.maps = take(L.M * L.HV * L.K * W * 4);
-  L.states = take(L.M * L.HV * L.K * L.V * 4);
-  L.finals = take(L.M * L.HV * L.K * L.V * 4);
-  L.cuts = take((L.M + 1) * 4);
+  const int64_t W = L.K + L.V, es = elem_bytes(p.dtype);
+  L.passes = round16(passes);
+  take({passes});
+  L.values = take({L.tokens, L.HV, W, es});    // [0 | v]
+  L.maps_out = take({L.tokens, L.HV, W, es});  // the maps pass's outputs (not read)
+  L.identity = take({L.M, L.HV, L.K, W, 4});   // [I | 0]
+  L.maps = take({L.M, L.HV, L.K, W, 4});       // [A | L]
+  L.states = take({L.M, L.HV, L.K, L.V, 4});   // S_in
+  L.finals = take({L.M, L.HV, L.K, L.V, 4});   // the second pass's final states
+  L.cuts = take({L.M + 1, 4});                 // the segments' cu_seqlens
   L.total = at;
   return L;
 }

@@ -56,7 +56,7 @@ struct SplitLayout {
   int64_t states = 0;    // [M, HV, K, V] fp32: S_in
   int64_t finals = 0;    // [M, HV, K, V] fp32: the second pass's final states
   int64_t cuts = 0;      // [M + 1] int32: the segments' cu_seqlens
-  int64_t total = 0;
+  int64_t total = 0;     // -1: the split cannot run (split_layout)
 };
 
 /// "" if the call's layout allows a split (any n), else why not. Device independent.
@@ -66,7 +66,8 @@ std::string split_can_implement(const kla_params& p);
 bool split_possible(const kla_params& p);
 /// Segments the plan takes where none is requested (1: no split), with the reason.
 int auto_segments(const kla_params& p, int sms, std::string& why);
-/// The workspace layout of a split into n segments (p's sizes; pure host arithmetic).
+/// The workspace layout of a split into n segments (p's sizes; pure host arithmetic); total -1
+/// where it would exceed 2^62 bytes or the segments (or B T tokens) 2^31-1.
 SplitLayout split_layout(const kla_params& p, int n);
 /// The passes' host cu_seqlens: M + 1 offsets into the packed tokens.
 std::vector<int32_t> segment_cuts(const kla_params& p, int n);
