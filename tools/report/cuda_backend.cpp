@@ -210,6 +210,10 @@ struct DeviceInputs {
     p.scale = 1.0f;
     p.coefficient = KLA_COEFF_KACZMARZ;
     p.readout = KLA_READOUT_SCALE;
+    // One pass: the chunk columns measure the chunkwise kernels' arithmetic. At one sequence and
+    // one value head the plan would split sequences of 8192 tokens or more (kla_params.segments),
+    // another algorithm, checked against MPFR by CudaKernels.SequenceSplitAgainstMpfr.
+    p.segments = 1;
     return p;
   }
 
@@ -246,7 +250,8 @@ class CudaBackend final : public Backend {
             "fp32 (Kaczmarz, from the raw keys)",
             "fp32",
             "kla::cuda kernels through the C ABI: tokenwise/raw = kla_tokenwise_forward (one call "
-            "of T tokens), chunk64/raw = kla_chunk_forward (chunks of 64, with workspace); o "
+            "of T tokens), chunk64/raw = kla_chunk_forward (chunks of 64, with workspace, one "
+            "pass: segments = 1); o "
             "written in " +
                 name_ +
                 ", final state in fp32; alpha passed as g = ln(alpha) in fp32; head dims padded "
