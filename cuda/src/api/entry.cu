@@ -1,7 +1,8 @@
 // The CUDA entry points of the C ABI (kla.h): validate on the host, look up the device (cached,
 // api/device.hpp), plan (plan/), translate kla_params into the kernels' KernelParams, launch
-// (launch/) on the caller's stream. No host synchronisation, no allocation, no environment:
-// capturable in a CUDA graph, and the same params always give the same plan on a device.
+// (launch/; a split plan through cp/segments.cu) on the caller's stream. No host synchronisation,
+// no allocation, no environment: capturable in a CUDA graph, and the same params always give the
+// same plan on a device.
 #include <string>
 
 #include "api/device.hpp"
@@ -16,9 +17,9 @@ namespace {
 
 using kla::detail::fail;
 
-// Plans already validated params on the current device.
-kla_status plan_validated(const kla_params* p, bool chunk, kla::plan::Plan& plan) {
-  kla::plan::DeviceInfo dev;
+// Plans already validated params on the current device (described in `dev`).
+kla_status plan_validated(const kla_params* p, bool chunk, kla::plan::Plan& plan,
+                          kla::plan::DeviceInfo& dev) {
   if (kla_status s = kla::detail::current_device(dev)) return s;
   return chunk ? kla::plan::plan_chunk(*p, dev, kla::plan::this_build(), plan)
                : kla::plan::plan_tokenwise(*p, dev, plan);
@@ -27,11 +28,8 @@ kla_status plan_validated(const kla_params* p, bool chunk, kla::plan::Plan& plan
 kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char* entry) {
   if (kla_status s = kla_validate(p)) return s;
   kla::plan::DeviceInfo dev;
-  if (kla_status s = kla::detail::current_device(dev)) return s;
   kla::plan::Plan plan;
-  if (kla_status s = chunk ? kla::plan::plan_chunk(*p, dev, kla::plan::this_build(), plan)
-                           : kla::plan::plan_tokenwise(*p, dev, plan))
-    return s;
+  if (kla_status s = plan_validated(p, chunk, plan, dev)) return s;
   const char* what = "the launch";
   const auto st = static_cast<cudaStream_t>(stream);
   const cudaError_t e = plan.segments > 1 ? kla::cp::launch_split(*p, plan.segments, dev, st, what)
@@ -46,8 +44,9 @@ kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char*
 kla_status plan_entry(const kla_params* p, bool chunk, kla_plan* out) {
   if (kla_status s = kla_validate(p)) return s;
   if (!out) return fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
+  kla::plan::DeviceInfo dev;
   kla::plan::Plan plan;
-  if (kla_status s = plan_validated(p, chunk, plan)) return s;
+  if (kla_status s = plan_validated(p, chunk, plan, dev)) return s;
   kla::plan::to_c(plan, *out);
   return KLA_SUCCESS;
 }
