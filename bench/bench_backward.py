@@ -47,7 +47,7 @@ import kla
 import kla.torch_impl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from side_by_side import device_copy_bps  # noqa: E402 (the floors' copy rate, one definition)
+from side_by_side import build_info_beside, device_copy_bps  # noqa: E402 (one definition each)
 
 FLA_NOTE = ("FLA's Hopper guard for Triton 3.4-3.7.0 (issue 640) was bypassed: its backward ran "
             "with the Triton it refuses")
@@ -290,7 +290,8 @@ def main():
     dev_name = torch.cuda.get_device_name()
     fla_gdr, fla_info = (None, None) if a.no_fla else load_fla(bypass_guard=True)
     result = {"device": dev_name, "torch": torch.__version__, "fla": fla_info, "speed": [],
-              "accuracy": [], "complete": False}
+              "accuracy": [], "complete": False,
+              "build": build_info_beside(kla.library_info()["path"])}
     json_path = os.path.join(a.out, "backward.json")
     if not a.no_speed:
         result["copy_TBps"] = device_copy_bps(torch, "cuda", lambda fn: timed(fn, 15)) / 1e12

@@ -29,7 +29,7 @@ try:  # --plot needs matplotlib alone (the GPU machine has torch, this one matpl
     import kla  # noqa: E402
 except ImportError:
     torch = F = kla = None
-from side_by_side import capture_graph  # noqa: E402 (one definition of the graph timing)
+from side_by_side import build_info_beside, capture_graph  # noqa: E402 (one definition each)
 
 K = V = 128
 EPS = 1e-6
@@ -158,6 +158,9 @@ def meta():
                                      text=True).stdout.strip()
     except Exception:  # noqa: BLE001
         m["commit"] = None
+    # The library's own record of its commit, where it has one (the device's .git can lag).
+    m["build"] = build_info_beside(m["library"]["path"])
+    m["commit"] = m["build"].get("commit") or m["commit"]
     return m
 
 

@@ -241,6 +241,34 @@ def render_recipe(w, res, note):
             w(f"- {label}, {k}: {str(v).splitlines()[0][:300]}")
 
 
+def render_split(w, src, plots_dir, why):
+    """The sequence split's section: bench_split.py's table and plot, copied with its JSON."""
+    for name in ("split.json", "split.png"):
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(plots_dir, name))
+    w("### Sequence split (issue 26; `bench/bench_split.py`)")
+    w("")
+    w("Where few sequences and value heads leave the GPU idle (one pass runs 16 blocks a (sequence, "
+      "value head) on its narrowest slices), `kla_chunk_forward` cuts every sequence into segments "
+      "that run side by side (docs/api.md, *Sequence split*): a maps pass over K + V columns, an "
+      "fp32 fold, a second pass. On the peers' recipe inputs (bf16, K = V = 128, q and k "
+      "l2-normalised in the kernel, an initial state in and the final state out), both libraries "
+      "replayed from CUDA graphs in one run; 'auto' is the plan's own call (×n: split into n "
+      "segments), 'one pass' the same call with `segments = 1`. FLA runs its given-β function on "
+      "the same tensors (with unit keys the Kaczmarz coefficient is η / (1 + ε)).")
+    w("")
+    with open(os.path.join(src, "split.md")) as fh:
+        w(fh.read().rstrip())
+    w("")
+    if os.path.exists(os.path.join(plots_dir, "split.png")):
+        w("![the sequence split beside one pass and FLA](performance/split.png)")
+        w("")
+    if why:
+        with open(why) as fh:
+            w(fh.read().rstrip())
+        w("")
+
+
 def render_backward(w, bwd, docs, note):
     """The backward section from bench_backward.py's backward.json (bwd); docs: the docs folder
     (its performance/backward.png is linked where it exists)."""
@@ -377,6 +405,10 @@ def main():
     ap.add_argument("--rerun", help="a side_by_side.py output folder re-measuring prefill rows "
                     "whose kernels changed after OUTDIR's run (shown under the prefill table)")
     ap.add_argument("--rerun-note", default="", help="where and why it ran")
+    ap.add_argument("--split", help="bench/bench_split.py's output folder (split.json, split.md, "
+                    "split.png)")
+    ap.add_argument("--split-why", help="a Markdown file shown under the split's table (what the "
+                    "rows show; bench/notes/split_why.md)")
     ap.add_argument("--backward", help="bench/bench_backward.py's output folder (backward.json)")
     ap.add_argument("--backward-note", default="", help="where and at which commit it ran")
     ap.add_argument("--cp", nargs="+", help="bench/bench_cp.py's output folders (cp.json; "
@@ -535,6 +567,9 @@ def main():
                 w(f"- error: {e.splitlines()[0][:400]}")
         w("")
 
+    if args.split and os.path.exists(os.path.join(args.split, "split.md")):
+        render_split(w, args.split, plots_dir, args.split_why)
+
     if plots:
         w("## Plots")
         w("")
@@ -657,7 +692,12 @@ def main():
     w("    python3 bench/bench_backward.py --out $OUT/backward [--quick]")
     w("python3 bench/make_performance_md.py OUTDIR --reference ref.json --note '...' \\")
     w("    [--recipe RECIPE_OUTDIR --recipe-why bench/notes/recipe_why.md] \\")
-    w("    [--rerun RERUN_OUTDIR] [--backward BACKWARD_OUTDIR] [--cp CP_OUTDIR]")
+    w("    [--rerun RERUN_OUTDIR] [--backward BACKWARD_OUTDIR] [--cp CP_OUTDIR] \\")
+    w("    [--split SPLIT_OUTDIR --split-why bench/notes/split_why.md]")
+    w("# the sequence split, on the GPU machine (carry build-gpu/dist and .whl/fla; FLA installed):")
+    w("PYTHONPATH=python:/tmp/site KLA_CUDA_LIBRARY=$PWD/build-gpu/dist/libkla_cuda.so.5 \\")
+    w("    python3 bench/bench_split.py --out $OUT/split")
+    w("python3 bench/bench_split.py --out docs/performance --plot docs/performance/split.json  # here")
     w("# context parallelism, on a machine with several GPUs (carry build-gpu/dist):")
     w("PYTHONPATH=python KLA_CUDA_LIBRARY=$PWD/build-gpu/dist/libkla_cuda.so.5 \\")
     w("    python3 bench/bench_cp.py --out $OUT/cp --gpus 1 2 4 --fla   # (also PYTHONPATH+=FLA)")

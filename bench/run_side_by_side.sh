@@ -45,16 +45,7 @@ if [[ ${1:-} == stage ]]; then
   # libbenchmark is shared-only here (Debian); it travels under its soname.
   bm=$(ldd "$BUILD/bench/kla_bench_cuda" | awk '/libbenchmark/ {print $3}')
   cp -L "$bm" "$DIST/"
-  commit=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
-  dirty=$(git -C "$ROOT" status --porcelain --untracked-files=all -- cuda bench 2>/dev/null |
-    wc -l)
-  cuda_sha=$(find "$ROOT"/cuda/include "$ROOT"/cuda/src -type f | sort | xargs cat | sha256sum |
-    cut -c1-16)
-  cat >"$DIST/BUILD_INFO.json" <<EOF
-{"commit": "$commit", "uncommitted_files_in_cuda_bench": $dirty, "cuda_sources_sha256": "$cuda_sha",
- "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "nvcc": "$("$NVCC" --version | tail -1)",
- "flags": "Release, sm_90a, static cudart/libstdc++/libgcc"}
-EOF
+  bash "$ROOT/tools/build_info.sh" "$DIST" "$NVCC" "Release, sm_90a, static cudart/libstdc++/libgcc"
   mkdir -p "$ROOT/.whl/fla"
   if ! ls "$ROOT"/.whl/fla/fla_core-$FLA_VERSION-*.whl >/dev/null 2>&1; then
     python3 -m pip download -q --no-deps -d "$ROOT/.whl/fla" "fla-core==$FLA_VERSION"

@@ -147,11 +147,7 @@ class Runner:
         prop = torch.cuda.get_device_properties(0)
         self.l2 = int(getattr(prop, "L2_cache_size", 50 << 20))
         self.beta_dtype_note = None
-        info = {}
-        bi = os.path.join(os.path.dirname(os.path.abspath(args.lib)), "BUILD_INFO.json")
-        if os.path.exists(bi):
-            with open(bi) as f:
-                info = json.load(f)
+        info = build_info_beside(args.lib)
         self.res = {
             "meta": {
                 "gpu": torch.cuda.get_device_name(0),
@@ -599,6 +595,17 @@ class Runner:
         self.res["meta"]["elapsed_s"] = time.time() - self.t0
         self.save()
         print_table(self.res)
+
+
+def build_info_beside(lib):
+    """BUILD_INFO.json beside the library a benchmark times (tools/build_info.sh: commit, CUDA
+    sources hash, flags), or {} where there is none. The GPU machine's copy of .git can lag, so a
+    figure names the commit its library was built at, not what `git` says there."""
+    path = os.path.join(os.path.dirname(os.path.abspath(lib)), "BUILD_INFO.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def fmt(x, spec):

@@ -50,6 +50,9 @@ if [[ ${1:-} == stage ]]; then
   # libbenchmark is shared-only here (Debian); it travels under its soname.
   bm=$(ldd "$BUILD/bench/kla_bench_cuda" | awk '/libbenchmark/ {print $3}')
   if [[ -n $bm ]]; then cp -L "$bm" "$DIST/"; fi
+  # What the benchmarks report beside their figures when they time this library.
+  bash "$ROOT/tools/build_info.sh" "$DIST" "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
+    "preset gpu: Release, sm_90a, static cudart/libstdc++/libgcc"
   du -sh "$DIST"
   exit 0
 fi
