@@ -2,20 +2,11 @@
 replaces the previous one (no temporary file left), so a run a time limit stops keeps the rows it
 finished, marked incomplete; make_performance_md.py says so under the backward table. The
 benchmark itself needs a GPU (docs/performance.md, 'How to reproduce')."""
-import importlib.util
 import json
 import os
 
 import pytest
-
-_BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(_BENCH, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_scripts import load as _load
 
 
 def test_each_save_replaces_the_file_whole(tmp_path):
