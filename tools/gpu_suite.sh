@@ -57,15 +57,21 @@ if [[ ${1:-} == stage ]]; then
   exit 0
 fi
 
+# `list`: print the step names, one a line, and run nothing (tools/gpu_suite_parallel.py groups
+# them over the GPUs of one machine).
+LIST=0
+[[ ${1:-} == list ]] && LIST=1
 OUTDIR=${OUT:-$DIST/out}
-mkdir -p "$OUTDIR"
-LOG=$OUTDIR/suite.log
-: >"$LOG"
-export LD_LIBRARY_PATH=$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 SUMMARY=()
 FAILED=()
-
-nvidia-smi -L 2>&1 | tee -a "$LOG"
+if ((!LIST)); then
+  mkdir -p "$OUTDIR"
+  LOG=$OUTDIR/suite.log
+  : >"$LOG"
+  : >"$OUTDIR/steps.md"  # each finished step's summary row, written as it finishes
+  export LD_LIBRARY_PATH=$DIST${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  nvidia-smi -L 2>&1 | tee -a "$LOG"
+fi
 
 # run NAME TIMEOUT CMD...: runs a step, keeps its output in the log, records gtest counts.
 # KLA_SUITE_STEPS (an extended regex) runs only the steps whose name it matches, so a long suite
@@ -73,6 +79,7 @@ nvidia-smi -L 2>&1 | tee -a "$LOG"
 run() {
   local name=$1 limit=$2
   shift 2
+  if ((LIST)); then echo "$name"; return; fi
   if [[ -n ${KLA_SUITE_STEPS:-} ]] && ! [[ $name =~ ^(${KLA_SUITE_STEPS})$ ]]; then
     SUMMARY+=("$(printf '| %-24s | not run (KLA_SUITE_STEPS) |' "$name")")
     return
@@ -111,6 +118,7 @@ run() {
   [[ $rc -ne 0 ]] && FAILED+=("$name (rc $rc)")
   SUMMARY+=("$(printf '| %-24s | %3s | %6s | %6s | %7s | %9s | %5ss | %s |' "$name" "$rc" \
     "${passed:--}" "${failed:-0}" "${skipped:-0}" "${errs:--}" "$((SECONDS - t0))" "${paths:--}")")
+  echo "${SUMMARY[-1]}" >>"$OUTDIR/steps.md"
 }
 
 if [[ -n ${KLA_SUITE_MUTANT:-} ]]; then
@@ -126,6 +134,7 @@ fi
 MUTANT_ROWS=()
 run_mutant() {
   local name=$1 pin=$2 step="mutant-$1"
+  if ((LIST)); then echo "$step"; return; fi
   local bins=${3:-test_cuda_kernels test_cuda_props test_cuda_accuracy test_cuda_backward}
   if [[ -n ${KLA_SUITE_STEPS:-} ]] && ! [[ $step =~ ^(${KLA_SUITE_STEPS})$ ]]; then
     SUMMARY+=("$(printf '| %-24s | not run (KLA_SUITE_STEPS) |' "$step")")
@@ -156,6 +165,7 @@ run_mutant() {
     SUMMARY+=("$(printf '| %-24s | SURVIVED (%s) |' "$step" "$rcs")")
     MUTANT_ROWS+=("| $name | $pin | SURVIVED ($rcs) |")
   fi
+  echo "${SUMMARY[-1]}" >>"$OUTDIR/steps.md"
 }
 
 run validate 120 "$DIST/test_cuda_validate"
@@ -179,7 +189,7 @@ KLA_ACCURACY_OUT=$OUTDIR/accuracy.md run accuracy 400 "$DIST/test_cuda_accuracy"
 KLA_ACCURACY_OUT=$OUTDIR/accuracy-wy_transposed.md run accuracy-wy_transposed 400 \
   "$DIST/test_cuda_accuracy" --kla_path=wy_transposed
 # Every planted kernel fault (cuda/src/common/kernel_mutants.hpp), on the path it lives in.
-if [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
+if ((LIST)) || [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant split_lo_dropped wy16
   run_mutant handoff_decay_off_by_one wy
   run_mutant beta_eps_zero auto
@@ -204,8 +214,8 @@ fi
 # The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64
 # recurrence, autograd, graphs, torch.compile; against FLA where .whl/fla is carried) on the
 # package's source with this build's library; skipped where python3 has no torch.
-if python3 -c "import torch" 2>/dev/null; then
-  if compgen -G "$ROOT/.whl/fla/*.whl" >/dev/null; then
+if ((LIST)) || python3 -c "import torch" 2>/dev/null; then
+  if ((!LIST)) && compgen -G "$ROOT/.whl/fla/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/kla-suite-site "$ROOT"/.whl/fla/*.whl
   fi
   abi=$(sed -n 's/^#define KLA_ABI_VERSION \([0-9]*\)$/\1/p' "$ROOT/cuda/include/kla/kla.h")
@@ -223,7 +233,7 @@ else
 fi
 run example_c 60 "$DIST/kla_example_c"
 run example_cpp 60 "$DIST/kla_example_cpp"
-if command -v compute-sanitizer >/dev/null; then
+if ((LIST)) || command -v compute-sanitizer >/dev/null; then
   # Every sanitizer over every kernel test; memcheck also over the RapidCheck properties.
   run memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIST/test_cuda_kernels"
   run racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$DIST/test_cuda_kernels"
@@ -252,6 +262,7 @@ run bench 300 "$DIST/kla_bench_cuda" --kla_no_gpu_exit_code=77 --kla_summary="$O
 
 # Cycles of the scan's product shapes on one multiprocessor (docs/prefill_notes.md, session 9).
 run wgmma_latency 60 "$DIST/kla_wgmma_latency"
+((LIST)) && exit 0
 
 {
   echo

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The GPU suite (tools/gpu_suite.sh) spread over the GPUs of one machine, so that the whole of it
+fits one device call: its steps in groups, balanced by what each step took, run side by side (a
+few groups a GPU, CUDA_VISIBLE_DEVICES), each group its own output folder; then one summary of
+every step, and the steps that did not finish, ready to run in the next call.
+
+    python3 tools/gpu_suite_parallel.py [--gpus N] [--groups-per-gpu M] [--limit SECONDS]
+                                        [--steps REGEX]        (on the GPU machine, repo root)
+
+Writes $OUT (or build-gpu/dist/out-parallel): gN/ (each group's suite.log, steps.md, summary.md),
+groups.md (which steps each group ran, on which GPU, its exit status and time) and summary.md
+(every step's row, the unfinished ones, and the KLA_SUITE_STEPS that reruns them). Exit status 0
+only when every step ran and passed. KLA_SUITE (the suite script, default tools/gpu_suite.sh) is
+what the CPU test replaces with a stub. The environment of gpu_suite.sh (KLA_GPU_DIST, ...) passes
+through.
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Seconds a step took in round 2, session 27, ten groups side by side on four H200s (the steps
+# compete for the GPUs and the processors there, so these are upper estimates of one alone). Only
+# the balance of the groups depends on them; a step not listed counts as DEFAULT_COST.
+COST = {
+    "validate": 2, "kernels": 87, "props": 35, "kernels-wy16": 105, "kernels-wy8": 96,
+    "kernels-wy32": 112, "kernels-wy_transposed": 61, "kernels-tf32": 61, "kernels-generic": 50,
+    "props-wy32": 29, "props-wy_transposed": 34, "props-tf32": 22, "backward": 128,
+    "accuracy": 56, "accuracy-wy_transposed": 78, "python": 110, "python-fla": 400,
+    "example_c": 1, "example_cpp": 1, "memcheck": 97, "racecheck": 166, "memcheck-props": 61,
+    "memcheck-backward": 142, "racecheck-backward": 364, "initcheck": 60, "synccheck": 48,
+    "memcheck-wy32": 100, "memcheck-wy_transposed": 107, "racecheck-wy_transposed": 121,
+    "bench": 75, "wgmma_latency": 5,
+}
+MUTANT_COST = 75  # a mutant step: its tests until the first one that rejects the fault
+DEFAULT_COST = 60
+
+
+def cost(step):
+    return COST.get(step, MUTANT_COST if step.startswith("mutant-") else DEFAULT_COST)
+
+
+def suite_steps(suite):
+    """The step names the suite runs, in its order (gpu_suite.sh list)."""
+    out = subprocess.run(["bash", suite, "list"], check=True, capture_output=True, text=True)
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def make_groups(steps, n):
+    """Longest first, each to the group with the least work so far: n groups of steps (the groups
+    keep the suite's order inside, so a group's log reads like the suite's)."""
+    order = {s: i for i, s in enumerate(steps)}
+    groups, load = [[] for _ in range(n)], [0] * n
+    for s in sorted(steps, key=lambda s: (-cost(s), order[s])):
+        i = min(range(n), key=lambda j: (load[j], j))
+        groups[i].append(s)
+        load[i] += cost(s)
+    return [sorted(g, key=order.get) for g in groups if g]
+
+
+def step_rows(path):
+    """{step: its summary row} from a group's steps.md (rows of the steps that finished)."""
+    rows = {}
+    if os.path.exists(path):
+        for line in open(path):
+            m = re.match(r"\|\s*([\w.-]+)\s*\|", line)
+            if m:
+                rows[m.group(1)] = line.rstrip("\n")
+    return rows
+
+
+def row_passed(row):
+    """A gpu_suite.sh row passed: a step's exit status 0, or a mutant rejected."""
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    if len(cells) > 1 and cells[1].startswith("rejected by"):
+        return True
+    return len(cells) > 1 and cells[1] == "0"
+
+
+def wait_or_stop(proc, deadline, t0):
+    """(exit status, seconds since t0) of a group: 124, as timeout(1) says it, where the deadline
+    came first and the group's process group was stopped (TERM, then KILL after 5 s)."""
+    try:
+        rc = proc.wait(timeout=max(0.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        proc.wait()
+        rc = 124
+    return rc, time.time() - t0
+
+
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+        return max(1, sum(1 for line in out.splitlines() if line.startswith("GPU ")))
+    except OSError:
+        return 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: nvidia-smi -L)")
+    ap.add_argument("--groups-per-gpu", type=int, default=3)
+    ap.add_argument("--limit", type=int, default=560, help="seconds a group may take")
+    ap.add_argument("--steps", help="only the steps this regex matches whole (a rerun)")
+    args = ap.parse_args()
+    suite = os.environ.get("KLA_SUITE", os.path.join(ROOT, "tools", "gpu_suite.sh"))
+    out = os.environ.get("OUT") or os.path.join(ROOT, "build-gpu", "dist", "out-parallel")
+    os.makedirs(out, exist_ok=True)
+    steps = suite_steps(suite)
+    bad = [s for s in steps if not re.fullmatch(r"[\w-]+", s)]
+    if bad:  # the names go into gpu_suite.sh's KLA_SUITE_STEPS, an extended regex, as they are
+        sys.exit(f"gpu_suite_parallel: step names must be letters, digits, '_' or '-': {bad}")
+    if args.steps:
+        steps = [s for s in steps if re.fullmatch(args.steps, s)]
+    if not steps:
+        sys.exit("gpu_suite_parallel: no steps to run")
+    gpus = args.gpus or gpu_count()
+    groups = make_groups(steps, gpus * args.groups_per_gpu)
+    t0 = time.time()
+    procs = []
+    for i, g in enumerate(groups):
+        gdir = os.path.join(out, f"g{i}")
+        os.makedirs(gdir, exist_ok=True)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i % gpus), OUT=gdir,
+                   KLA_SUITE_STEPS="|".join(g))
+        log = open(os.path.join(gdir, "stdout.log"), "w")
+        # A session of its own: at the limit the whole group goes (the suite's test binaries,
+        # sanitizers and their own `timeout`s included), not only its shell.
+        procs.append((subprocess.Popen(["bash", suite], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True), log))
+    print(f"gpu_suite_parallel: {len(steps)} steps in {len(groups)} groups on {gpus} GPUs",
+          flush=True)
+    status = [wait_or_stop(p, t0 + args.limit, t0) for p, _ in procs]
+    for _, log in procs:
+        log.close()
+    rows, unfinished, failed = [], [], []
+    with open(os.path.join(out, "groups.md"), "w") as fh:
+        fh.write("| group | GPU | exit | s | steps |\n|---|---|---|---|---|\n")
+        for i, (g, (rc, dt)) in enumerate(zip(groups, status)):
+            fh.write(f"| g{i} | {i % gpus} | {rc}{' (time limit)' if rc == 124 else ''} | "
+                     f"{dt:.0f} | {' '.join(g)} |\n")
+            done = step_rows(os.path.join(out, f"g{i}", "steps.md"))
+            for s in g:
+                if s in done:
+                    rows.append(done[s])
+                    if not row_passed(done[s]):
+                        failed.append(s)
+                else:
+                    unfinished.append(s)
+    order = {s: i for i, s in enumerate(steps)}
+    rows.sort(key=lambda r: order.get(re.match(r"\|\s*([\w.-]+)", r).group(1), 0))
+    lines = ["| step | result |", "|---|---|"] + rows + [""]
+    if unfinished:
+        lines.append("not finished (a group's time limit): " + " ".join(unfinished))
+        lines.append("rerun: python3 tools/gpu_suite_parallel.py --steps '"
+                     + "|".join(unfinished) + "'")
+    lines.append("gpu_suite_parallel: " + ("FAILED steps: " + " ".join(failed) if failed else
+                                           "every finished step passed"))
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "summary.md"), "w") as fh:
+        fh.write(text)
+    print(open(os.path.join(out, "groups.md")).read() + "\n" + text, end="")
+    sys.exit(1 if failed or unfinished else 0)
+
+
+if __name__ == "__main__":
+    main()
