@@ -73,14 +73,16 @@ if ((!LIST)); then
   nvidia-smi -L 2>&1 | tee -a "$LOG"
 fi
 
-# run NAME TIMEOUT CMD...: runs a step, keeps its output in the log, records gtest counts.
 # KLA_SUITE_STEPS (an extended regex) runs only the steps whose name it matches, so a long suite
 # can be split over calls; the summary lists the skipped ones.
+selected() { [[ -z ${KLA_SUITE_STEPS:-} ]] || [[ $1 =~ ^(${KLA_SUITE_STEPS})$ ]]; }
+
+# run NAME TIMEOUT CMD...: runs a step, keeps its output in the log, records gtest counts.
 run() {
   local name=$1 limit=$2
   shift 2
   if ((LIST)); then echo "$name"; return; fi
-  if [[ -n ${KLA_SUITE_STEPS:-} ]] && ! [[ $name =~ ^(${KLA_SUITE_STEPS})$ ]]; then
+  if ! selected "$name"; then
     SUMMARY+=("$(printf '| %-24s | not run (KLA_SUITE_STEPS) |' "$name")")
     return
   fi
@@ -136,7 +138,7 @@ run_mutant() {
   local name=$1 pin=$2 step="mutant-$1"
   if ((LIST)); then echo "$step"; return; fi
   local bins=${3:-test_cuda_kernels test_cuda_props test_cuda_accuracy test_cuda_backward}
-  if [[ -n ${KLA_SUITE_STEPS:-} ]] && ! [[ $step =~ ^(${KLA_SUITE_STEPS})$ ]]; then
+  if ! selected "$step"; then
     SUMMARY+=("$(printf '| %-24s | not run (KLA_SUITE_STEPS) |' "$step")")
     return
   fi
@@ -215,7 +217,8 @@ fi
 # recurrence, autograd, graphs, torch.compile; against FLA where .whl/fla is carried) on the
 # package's source with this build's library; skipped where python3 has no torch.
 if ((LIST)) || python3 -c "import torch" 2>/dev/null; then
-  if ((!LIST)) && compgen -G "$ROOT/.whl/fla/*.whl" >/dev/null; then
+  # Only where the step runs: groups of tools/gpu_suite_parallel.py share /tmp.
+  if ((!LIST)) && selected python-fla && compgen -G "$ROOT/.whl/fla/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/kla-suite-site "$ROOT"/.whl/fla/*.whl
   fi
   abi=$(sed -n 's/^#define KLA_ABI_VERSION \([0-9]*\)$/\1/p' "$ROOT/cuda/include/kla/kla.h")

@@ -96,3 +96,22 @@ def test_gpu_suite_lists_its_steps():
               "mutant-split_fold_transition_skipped", "racecheck-backward", "wgmma_latency"):
         assert s in steps
     assert len(steps) == len(set(steps))
+
+
+def test_gpu_suite_runs_only_the_selected_steps(tmp_path):
+    """gpu_suite.sh itself without a GPU or binaries: KLA_SUITE_STEPS picks the steps that run
+    (here they fail, exit 127: no binaries), the rest are 'not run', and each run step's row is in
+    steps.md as soon as it ends (what gpu_suite_parallel.py reads from a group it had to stop)."""
+    out = tmp_path / "out"
+    env = dict(os.environ, KLA_GPU_DIST=str(tmp_path / "dist"), OUT=str(out),
+               KLA_SUITE_STEPS="validate|example_c")
+    r = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_suite.sh")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0  # the two steps failed
+    rows = (out / "steps.md").read_text().splitlines()
+    assert [row.split("|")[1].strip() for row in rows] == ["validate", "example_c"]
+    assert all(row.split("|")[2].strip() == "127" for row in rows)
+    summary = (out / "summary.md").read_text()
+    assert "| kernels                  | not run (KLA_SUITE_STEPS) |" in summary
+    assert "| python-fla               | not run (KLA_SUITE_STEPS) |" in summary or \
+        "python3 has no torch" in summary
