@@ -82,25 +82,43 @@ def row_passed(row):
     return len(cells) > 1 and cells[1] == "0"
 
 
-def wait_or_stop(proc, deadline, t0):
-    """(exit status, seconds since t0) of a group: 124, as timeout(1) says it, where the deadline
-    came first and the group's process group was stopped (TERM, then KILL after 5 s)."""
-    try:
-        rc = proc.wait(timeout=max(0.0, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        proc.wait()
-        rc = 124
-    return rc, time.time() - t0
+def stop(proc):
+    """Stops a group's whole process group (the suite's test binaries, sanitizers and their own
+    `timeout`s included, not only its shell): TERM, then KILL after 5 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+
+
+def run_groups(procs, limit, t0, progress, every=30.0):
+    """Waits for the groups; at t0 + limit stops those still running. Every `every` seconds prints
+    progress() (a line on the steps finished so far). Returns each group's (exit status, seconds
+    since t0): 124, as timeout(1) says it, for a group stopped at the limit."""
+    done, next_line = {}, t0 + every
+    while len(done) < len(procs):
+        now = time.time()
+        for i, p in enumerate(procs):
+            if i not in done and p.poll() is not None:
+                done[i] = (p.returncode, now - t0)
+        if len(done) < len(procs) and now >= t0 + limit:
+            for i, p in enumerate(procs):
+                if i not in done:
+                    stop(p)
+                    done[i] = (124, time.time() - t0)
+        elif now >= next_line:
+            print(f"gpu_suite_parallel: {progress()}, {len(procs) - len(done)} groups running, "
+                  f"{now - t0:.0f} s", flush=True)
+            next_line += every
+        time.sleep(0.2)
+    return [done[i] for i in range(len(procs))]
 
 
 def gpu_count():
@@ -117,6 +135,7 @@ def main():
     ap.add_argument("--groups-per-gpu", type=int, default=3)
     ap.add_argument("--limit", type=int, default=560, help="seconds a group may take")
     ap.add_argument("--steps", help="only the steps this regex matches whole (a rerun)")
+    ap.add_argument("--every", type=float, default=30.0, help="seconds between progress lines")
     args = ap.parse_args()
     suite = os.environ.get("KLA_SUITE", os.path.join(ROOT, "tools", "gpu_suite.sh"))
     out = os.environ.get("OUT") or os.path.join(ROOT, "build-gpu", "dist", "out-parallel")
@@ -145,7 +164,11 @@ def main():
                                        stderr=subprocess.STDOUT, start_new_session=True), log))
     print(f"gpu_suite_parallel: {len(steps)} steps in {len(groups)} groups on {gpus} GPUs",
           flush=True)
-    status = [wait_or_stop(p, t0 + args.limit, t0) for p, _ in procs]
+    group_dirs = [os.path.join(out, f"g{i}") for i in range(len(groups))]
+    status = run_groups(
+        [p for p, _ in procs], args.limit, t0,
+        lambda: f"{sum(len(step_rows(os.path.join(d, 'steps.md'))) for d in group_dirs)}"
+                f"/{len(steps)} steps finished", args.every)
     for _, log in procs:
         log.close()
     rows, unfinished, failed = [], [], []

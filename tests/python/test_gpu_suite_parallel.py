@@ -51,8 +51,11 @@ def ran(out):
 
 
 def test_every_step_once_failures_and_unfinished_named(tmp_path):
-    r, out = run_tool(tmp_path, "--gpus", "2", "--groups-per-gpu", "2", "--limit", "3")
+    r, out = run_tool(tmp_path, "--gpus", "2", "--groups-per-gpu", "2", "--limit", "5",
+                      "--every", "1")
     assert r.returncode == 1, r.stdout + r.stderr
+    # a progress line while the slow group runs: all but 'slow' finished, one group left
+    assert "6/7 steps finished, 1 groups running" in r.stdout
     steps = [s for s, _ in ran(out)]
     assert sorted(steps) == sorted("validate kernels bad mutant-one mutant-two slow python".split())
     assert {gpu for _, gpu in ran(out)} == {"0", "1"}  # groups alternate over the GPUs
