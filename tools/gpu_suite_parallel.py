@@ -5,12 +5,13 @@ few groups a GPU, CUDA_VISIBLE_DEVICES), each group its own output folder; then 
 every step, and the steps that did not finish, ready to run in the next call.
 
     python3 tools/gpu_suite_parallel.py [--gpus N] [--groups-per-gpu M] [--limit SECONDS]
-                                        [--steps REGEX]        (on the GPU machine, repo root)
+                                        [--steps REGEX] [--tar]   (on the GPU machine, repo root)
 
 Writes $OUT (or build-gpu/dist/out-parallel): gN/ (each group's suite.log, steps.md, summary.md),
 groups.md (which steps each group ran, on which GPU, its exit status and time) and summary.md
-(every step's row, the unfinished ones, and the KLA_SUITE_STEPS that reruns them). Exit status 0
-only when every step ran and passed. KLA_SUITE (the suite script, default tools/gpu_suite.sh) is
+(every step's row, the unfinished ones, and the --steps argument that reruns them); --tar packs
+the groups' folders into suite.tgz beside those two (the device tool returns only a few files a
+call). Exit status 0 only when every step ran and passed. KLA_SUITE (the suite script, default tools/gpu_suite.sh) is
 what the CPU test replaces with a stub. The environment of gpu_suite.sh (KLA_GPU_DIST, ...) passes
 through.
 """
@@ -136,6 +137,7 @@ def main():
     ap.add_argument("--limit", type=int, default=560, help="seconds a group may take")
     ap.add_argument("--steps", help="only the steps this regex matches whole (a rerun)")
     ap.add_argument("--every", type=float, default=30.0, help="seconds between progress lines")
+    ap.add_argument("--tar", action="store_true", help="pack the groups' folders into suite.tgz")
     args = ap.parse_args()
     suite = os.environ.get("KLA_SUITE", os.path.join(ROOT, "tools", "gpu_suite.sh"))
     out = os.environ.get("OUT") or os.path.join(ROOT, "build-gpu", "dist", "out-parallel")
@@ -187,9 +189,11 @@ def main():
                     unfinished.append(s)
     order = {s: i for i, s in enumerate(steps)}
     rows.sort(key=lambda r: order.get(re.match(r"\|\s*([\w.-]+)", r).group(1), 0))
-    lines = ["| step | result |", "|---|---|"] + rows + [""]
+    lines = ["| step | rc | passed | failed | skipped | sanitizer | time | paths (mutants: the "
+             "result) |", "|---|---|---|---|---|---|---|---|"] + rows + [""]
     if unfinished:
-        lines.append("not finished (a group's time limit): " + " ".join(unfinished))
+        lines.append("not finished (a group's time limit, or the step could not run here: the "
+                     "group's summary.md says which): " + " ".join(unfinished))
         lines.append("rerun: python3 tools/gpu_suite_parallel.py --steps '"
                      + "|".join(unfinished) + "'")
     lines.append("gpu_suite_parallel: " + ("FAILED steps: " + " ".join(failed) if failed else
@@ -198,6 +202,9 @@ def main():
     with open(os.path.join(out, "summary.md"), "w") as fh:
         fh.write(text)
     print(open(os.path.join(out, "groups.md")).read() + "\n" + text, end="")
+    if args.tar:
+        subprocess.run(["tar", "czf", "suite.tgz"] + [f"g{i}" for i in range(len(groups))],
+                       cwd=out, check=True)
     sys.exit(1 if failed or unfinished else 0)
 
 
