@@ -3,7 +3,7 @@
 bench/run_side_by_side.sh (side_by_side.json, kla_bench_cuda.json, the PNGs). Standard library
 only: runs anywhere.
 
-    python3 bench/make_performance_md.py OUTDIR [--docs DOCS_DIR] [--note TEXT]
+    python3 bench/make_performance_md.py OUTDIR [--docs DOCS_DIR] [--status STATUS.md]
         [--device-time TEXT] [--reference REF.json] [--overhead OVERHEAD.json]
 
 REF.json: `kla_bench_reference --benchmark_out=REF.json --benchmark_out_format=json` (CPU).
@@ -399,7 +399,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
     ap.add_argument("--docs", default=os.path.join(ROOT, "docs"))
-    ap.add_argument("--note", default="", help="status line printed under the title")
     ap.add_argument("--status", help="a Markdown file quoted under the title: where things stand, "
                     "which section comes from which run (bench/notes/status.md)")
     ap.add_argument("--device-time", default="", help="device time the run used (text)")
@@ -459,9 +458,6 @@ def main():
       "(#how-to-reproduce)). Numbers are from that run only, except where a section names "
       "another.")
     w("")
-    if args.note:
-        w("> **Status:** " + args.note)
-        w("")
     if args.status:  # a Markdown block quoted under the title (bench/notes/status.md)
         with open(args.status) as fh:
             w("\n".join(("> " + line).rstrip() for line in fh.read().rstrip().splitlines()))
