@@ -211,7 +211,6 @@ if ((LIST)) || [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant bwd_scan_keys_own_record auto test_cuda_backward
   run_mutant bwd_prep_next_chunk_keys_skipped auto test_cuda_backward
   run_mutant bwd_grads_next_states_skipped auto test_cuda_backward
-  run_mutant bwd_cumsum_scan_unguarded auto test_cuda_backward
   run_mutant split_fold_transition_skipped auto test_cuda_kernels
 fi
 # The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64

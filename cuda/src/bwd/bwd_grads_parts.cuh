@@ -58,37 +58,24 @@ __device__ __forceinline__ void bwd_system_gate_sums(const float* Da, const floa
   }
 }
 
-/// Warp 0: the carried state's term, dG_{C-1} += gamma_C sum(dS o S) + sum_i z_i (the sum of
-/// dS o S given as `parts` partial sums in red), then dg = the reverse cumulative sum of dG over
-/// the chunk (in place in dGs). Every sum in a fixed order, so the result is deterministic: lane l
-/// adds red[l], red[l + 32], ... in index order and zs[2l] + zs[2l + 1], the lanes' values by
-/// warp_sum; the cumulative sum takes lane l's pair dG_{2l} + dG_{2l+1}, the lanes' suffix sums by
-/// a shuffle scan (lane l adds lane l + 1, 2, 4, 8, 16's running value), then the pair's own two
-/// from the next lane's suffix. It is on the critical path of warp 0, which the other warps meet at
-/// the next barrier: five shuffle steps where one thread's chain of 2C + parts dependent adds was.
+/// Thread 0: the carried state's term, dG_{C-1} += gamma_C sum(dS o S) + sum_i z_i (the sum of
+/// dS o S given as `parts` partial sums in red, added in index order), then dg = the reverse
+/// cumulative sum of dG over the chunk (in place in dGs).
 __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts, const float* zs,
                                                      float gamma_c, float* dGs) {
   constexpr int C = kChunk;
-  static_assert(C == 64, "two entries of the chunk a lane");
-  if (threadIdx.x >= 32) return;
-  const int l = threadIdx.x;
-  float s = 0.f;
-  for (int t = l; t < parts; t += 32) s += red[t];
-  s = warp_sum(s);
-  const float zsum = warp_sum(zs[2 * l] + zs[2 * l + 1]);
-  const float d0 = dGs[2 * l];
-  const float d1 = l == 31 ? dGs[C - 1] + (gamma_c * s + zsum) : dGs[2 * l + 1];
-  float x = d0 + d1;  // becomes the sum of pairs l..31
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const float y = __shfl_down_sync(0xffffffffu, x, off);
-    if (l + off < 32 || KLA_MUTANT(bwd_cumsum_scan_unguarded)) x += y;
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int t = 0; t < parts; ++t) s += red[t];
+    float zsum = 0.f;
+    for (int i = 0; i < C; ++i) zsum += zs[i];
+    dGs[C - 1] += gamma_c * s + zsum;
+    float acc = 0.f;
+    for (int i = C - 1; i >= 0; --i) {
+      acc += dGs[i];
+      dGs[i] = acc;
+    }
   }
-  float after = __shfl_down_sync(0xffffffffu, x, 1);  // pairs l + 1..31
-  if (l == 31) after = 0.f;
-  const float g1 = d1 + after;
-  dGs[2 * l + 1] = g1;
-  dGs[2 * l] = d0 + g1;
 }
 
 /// Row i's four parts in `parts` ([C][4]: in the bf16 input gradients, a row term or v^ . dR by

@@ -31,7 +31,6 @@ enum class KernelMutant : int {
   bwd_prep_next_chunk_keys_skipped,  // bwd/bwd_prep_bf16.cuh: a block's next chunk's K not fetched
   bwd_grads_next_states_skipped,     // bwd/bwd_input_grads_bf16.cuh: the next head's S not fetched
   split_fold_transition_skipped,     // cp/segments.cu: the fold carries L alone (S_in = L)
-  bwd_cumsum_scan_unguarded,         // bwd/bwd_grads_parts.cuh: dg's lane scan adds past lane 31
   count
 };
 
@@ -56,8 +55,7 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_scan_keys_own_record",
                                                      "bwd_prep_next_chunk_keys_skipped",
                                                      "bwd_grads_next_states_skipped",
-                                                     "split_fold_transition_skipped",
-                                                     "bwd_cumsum_scan_unguarded"};
+                                                     "split_fold_transition_skipped"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
