@@ -19,15 +19,26 @@
 # Writes $OUT/<job>/ and prints a line as each job ends. Then, here, with the folders fetched:
 #   python3 bench/make_performance_md.py OUT/sbs --recipe OUT/recipe --backward OUT/backward \
 #       --split OUT/split --status bench/notes/status.md --command '...' ...
-# Environment: KLA_PAGE_JOBS (the jobs to run, default all four), KLA_PAGE_GPUS (default:
-# nvidia-smi -L's count), KLA_PAGE_DRY=1 (print each GPU's queue and run nothing; the CPU test).
+# Environment: KLA_PAGE_JOBS (the jobs to run, default all four), CUDA_VISIBLE_DEVICES (the GPUs
+# to use), KLA_PAGE_GPUS (how many of them; default: all), KLA_PAGE_DRY=1 (print each GPU's queue and run nothing; the CPU test).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIST=${KLA_GPU_DIST:-$ROOT/build-gpu/dist}
 OUTDIR=${OUT:-$DIST/out-page}
 JOBS=(${KLA_PAGE_JOBS:-sbs recipe backward split})
-GPUS=${KLA_PAGE_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}
+# The GPUs: CUDA_VISIBLE_DEVICES's entries where it is set (a caller keeping some GPUs for other
+# work), else 0 .. nvidia-smi -L's count - 1; KLA_PAGE_GPUS=N takes the first N.
+IFS=, read -r -a DEVS <<<"${CUDA_VISIBLE_DEVICES:-}"
+if ((${#DEVS[@]} == 0)); then
+  n=${KLA_PAGE_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}
+  for ((g = 0; g < n; g++)); do DEVS+=("$g"); done
+fi
+GPUS=${KLA_PAGE_GPUS:-${#DEVS[@]}}
 ((GPUS >= 1)) || { echo "run_page_benchmarks: no GPU (KLA_PAGE_GPUS overrides)" >&2; exit 2; }
+((GPUS <= ${#DEVS[@]})) || {
+  echo "run_page_benchmarks: KLA_PAGE_GPUS=$GPUS, but CUDA_VISIBLE_DEVICES names ${#DEVS[@]}" >&2
+  exit 2
+}
 
 # job NAME: the command of one job (its folder is $OUTDIR/NAME).
 job() {
@@ -50,7 +61,7 @@ for name in "${JOBS[@]}"; do
   job "$name" >/dev/null || { echo "run_page_benchmarks: no job '$name'" >&2; exit 2; }
 done
 if [[ ${KLA_PAGE_DRY:-0} == 1 ]]; then
-  for i in "${!JOBS[@]}"; do echo "gpu $((i % GPUS)): ${JOBS[$i]}: $(job "${JOBS[$i]}")"; done
+  for i in "${!JOBS[@]}"; do echo "gpu ${DEVS[i % GPUS]}: ${JOBS[$i]}: $(job "${JOBS[$i]}")"; done
   exit 0
 fi
 
@@ -71,8 +82,8 @@ for ((g = 0; g < GPUS; g++)); do
       ((i % GPUS == g)) || continue
       name=${JOBS[$i]}
       mkdir -p "$OUTDIR/$name"
-      CUDA_VISIBLE_DEVICES=$g bash -c "$(job "$name")" >"$OUTDIR/$name/run.log" 2>&1
-      echo "run_page_benchmarks: $name on GPU $g: exit $? at ${SECONDS} s" |
+      CUDA_VISIBLE_DEVICES=${DEVS[g]} bash -c "$(job "$name")" >"$OUTDIR/$name/run.log" 2>&1
+      echo "run_page_benchmarks: $name on GPU ${DEVS[g]}: exit $? at ${SECONDS} s" |
         tee -a "$OUTDIR/jobs.txt"
     done
   ) &

@@ -25,25 +25,33 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Seconds a step took in round 2, session 27, ten groups side by side on four H200s (the steps
-# compete for the GPUs and the processors there, so these are upper estimates of one alone). Only
-# the balance of the groups depends on them; a step not listed counts as DEFAULT_COST.
+# Seconds a step took with two or three groups a GPU (round 2, session 27: ten groups on four
+# H200s; session 28: nine on three, where these are the larger of the two), so upper estimates of
+# one alone. Only the balance of the groups depends on them; a step not listed counts as
+# DEFAULT_COST, a mutant step as its test binary's whole run (the runner waits for its exit).
+# Their sum, about 6,000 s, is more than one 600 s device call on four GPUs holds: session 28
+# finished 31 of 52 steps on three; the summary's rerun line takes the rest to the next call.
 COST = {
     "validate": 2, "kernels": 87, "props": 35, "kernels-wy16": 105, "kernels-wy8": 96,
-    "kernels-wy32": 112, "kernels-wy_transposed": 61, "kernels-tf32": 61, "kernels-generic": 50,
-    "props-wy32": 29, "props-wy_transposed": 34, "props-tf32": 22, "backward": 128,
-    "accuracy": 56, "accuracy-wy_transposed": 78, "python": 110, "python-fla": 400,
+    "kernels-wy32": 112, "kernels-wy_transposed": 64, "kernels-tf32": 66, "kernels-generic": 65,
+    "props-wy32": 47, "props-wy_transposed": 34, "props-tf32": 25, "backward": 159,
+    "accuracy": 102, "accuracy-wy_transposed": 78, "python": 110, "python-fla": 400,
     "example_c": 1, "example_cpp": 1, "memcheck": 97, "racecheck": 166, "memcheck-props": 61,
     "memcheck-backward": 142, "racecheck-backward": 364, "initcheck": 60, "synccheck": 48,
     "memcheck-wy32": 100, "memcheck-wy_transposed": 107, "racecheck-wy_transposed": 121,
     "bench": 75, "wgmma_latency": 5,
 }
-MUTANT_COST = 75  # a mutant step: its tests until the first one that rejects the fault
+MUTANT_COST = 130  # a forward mutant step: test_cuda_kernels (64-147 s in session 28)
+BWD_MUTANT_COST = 185  # a backward one (mutant-bwd_*): test_cuda_backward (157-198 s)
 DEFAULT_COST = 60
 
 
 def cost(step):
-    return COST.get(step, MUTANT_COST if step.startswith("mutant-") else DEFAULT_COST)
+    if step in COST:
+        return COST[step]
+    if step.startswith("mutant-bwd_"):
+        return BWD_MUTANT_COST
+    return MUTANT_COST if step.startswith("mutant-") else DEFAULT_COST
 
 
 def suite_steps(suite):
@@ -122,6 +130,18 @@ def run_groups(procs, limit, t0, progress, every=30.0):
     return [done[i] for i in range(len(procs))]
 
 
+def devices(n):
+    """The GPUs the groups are dealt over: the entries of CUDA_VISIBLE_DEVICES where it is set (so
+    that a caller can keep some of a machine's GPUs for other work), else 0 .. the count of
+    nvidia-smi -L; n > 0 takes the first n of them (or, without CUDA_VISIBLE_DEVICES, 0 .. n-1)."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if not visible:
+        return [str(i) for i in range(n or gpu_count())]
+    if n > len(visible):
+        sys.exit(f"gpu_suite_parallel: --gpus {n}, but CUDA_VISIBLE_DEVICES names {len(visible)}")
+    return visible[:n] if n else visible
+
+
 def gpu_count():
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
@@ -132,7 +152,8 @@ def gpu_count():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: nvidia-smi -L)")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="GPUs to use (default: those CUDA_VISIBLE_DEVICES names, else nvidia-smi -L's)")
     ap.add_argument("--groups-per-gpu", type=int, default=3)
     ap.add_argument("--limit", type=int, default=560, help="seconds a group may take")
     ap.add_argument("--steps", help="only the steps this regex matches whole (a rerun)")
@@ -150,14 +171,15 @@ def main():
         steps = [s for s in steps if re.fullmatch(args.steps, s)]
     if not steps:
         sys.exit("gpu_suite_parallel: no steps to run")
-    gpus = args.gpus or gpu_count()
+    devs = devices(args.gpus)
+    gpus = len(devs)
     groups = make_groups(steps, gpus * args.groups_per_gpu)
     t0 = time.time()
     procs = []
     for i, g in enumerate(groups):
         gdir = os.path.join(out, f"g{i}")
         os.makedirs(gdir, exist_ok=True)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i % gpus), OUT=gdir,
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=devs[i % gpus], OUT=gdir,
                    KLA_SUITE_STEPS="|".join(g))
         log = open(os.path.join(gdir, "stdout.log"), "w")
         # A session of its own: at the limit the whole group goes (the suite's test binaries,
@@ -177,7 +199,7 @@ def main():
     with open(os.path.join(out, "groups.md"), "w") as fh:
         fh.write("| group | GPU | exit | s | steps |\n|---|---|---|---|---|\n")
         for i, (g, (rc, dt)) in enumerate(zip(groups, status)):
-            fh.write(f"| g{i} | {i % gpus} | {rc}{' (time limit)' if rc == 124 else ''} | "
+            fh.write(f"| g{i} | {devs[i % gpus]} | {rc}{' (time limit)' if rc == 124 else ''} | "
                      f"{dt:.0f} | {' '.join(g)} |\n")
             done = step_rows(os.path.join(out, f"g{i}", "steps.md"))
             for s in g:

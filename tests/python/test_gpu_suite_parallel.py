@@ -13,9 +13,10 @@ TOOL = os.path.join(ROOT, "tools", "gpu_suite_parallel.py")
 
 # The stub: `list` prints its steps; a run writes a gpu_suite.sh-style row for each step that
 # KLA_SUITE_STEPS selects ('bad' fails, 'mutant-*' is rejected, 'slow' outlives the limit) and
-# records which GPU it ran on.
+# records which GPU it ran on. 'slow' comes last, so whichever group it joins, it is the only step
+# left running when that group meets its limit.
 STUB = r"""
-steps="validate kernels bad mutant-one mutant-two slow python"
+steps="validate kernels bad mutant-one mutant-two python slow"
 if [[ ${1:-} == list ]]; then printf '%s\n' $steps; exit 0; fi
 : > "$OUT/steps.md"
 for s in $steps; do
@@ -31,11 +32,12 @@ done
 """
 
 
-def run_tool(tmp_path, *args, stub=STUB):
+def run_tool(tmp_path, *args, stub=STUB, **extra):
     suite = tmp_path / "suite.sh"
     suite.write_text(stub)
     out = tmp_path / "out"
-    env = dict(os.environ, KLA_SUITE=str(suite), OUT=str(out))
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(KLA_SUITE=str(suite), OUT=str(out), **extra)
     r = subprocess.run([sys.executable, TOOL, *args], env=env, capture_output=True, text=True,
                        timeout=60)
     return r, out
@@ -67,7 +69,7 @@ def test_every_step_once_failures_and_unfinished_named(tmp_path):
     # a progress line while the slow group runs: all but 'slow' finished, one group left
     assert "6/7 steps finished, 1 groups running" in r.stdout
     steps = [s for s, _ in ran(out)]
-    assert sorted(steps) == sorted("validate kernels bad mutant-one mutant-two slow python".split())
+    assert sorted(steps) == sorted("validate kernels bad mutant-one mutant-two python slow".split())
     assert {gpu for _, gpu in ran(out)} == {"0", "1"}  # groups alternate over the GPUs
     summary = (out / "summary.md").read_text()
     for s in ("validate", "kernels", "bad", "mutant-one", "mutant-two", "python"):
@@ -87,6 +89,21 @@ def test_all_passing_exits_zero_and_steps_filter(tmp_path):
     assert (out / "suite.tgz").exists()
     assert sorted(s for s, _ in ran(out)) == ["kernels", "mutant-one", "mutant-two", "validate"]
     assert "every finished step passed" in (out / "summary.md").read_text()
+
+
+def test_visible_devices_are_the_gpus(tmp_path):
+    # a caller keeping GPUs 0 and 1 for other work: the groups go to 5 and 7 only
+    r, out = run_tool(tmp_path, "--groups-per-gpu", "2", "--steps", "validate|kernels|python",
+                      CUDA_VISIBLE_DEVICES="5,7")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {gpu for _, gpu in ran(out)} == {"5", "7"}
+    assert "| 7 |" in (out / "groups.md").read_text()
+    (tmp_path / "b").mkdir()
+    r, out = run_tool(tmp_path / "b", "--gpus", "1", "--steps", "validate",
+                      CUDA_VISIBLE_DEVICES="5,7")
+    assert r.returncode == 0 and {gpu for _, gpu in ran(out)} == {"5"}
+    r, _ = run_tool(tmp_path, "--gpus", "3", CUDA_VISIBLE_DEVICES="5,7")
+    assert r.returncode != 0 and "CUDA_VISIBLE_DEVICES names 2" in r.stderr
 
 
 def test_groups_balance_by_cost():

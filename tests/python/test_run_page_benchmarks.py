@@ -10,7 +10,8 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "b
 
 
 def dry(**env):
-    e = dict(os.environ, KLA_PAGE_DRY="1", **env)
+    e = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    e.update(KLA_PAGE_DRY="1", **env)
     return subprocess.run(["bash", SCRIPT], env=e, capture_output=True, text=True, timeout=30)
 
 
@@ -38,6 +39,17 @@ def test_two_gpus_two_calls():
     # all four on two GPUs: two a GPU, one after the other
     assert queues(dry(KLA_PAGE_GPUS="2").stdout) == {"gpu 0": ["sbs", "backward"],
                                                      "gpu 1": ["recipe", "split"]}
+
+
+def test_visible_devices_are_the_gpus():
+    # a caller keeping GPUs 0 and 1 for other work
+    r = dry(CUDA_VISIBLE_DEVICES="2,3", KLA_PAGE_JOBS="backward split")
+    assert r.returncode == 0, r.stderr
+    assert queues(r.stdout) == {"gpu 2": ["backward"], "gpu 3": ["split"]}
+    assert queues(dry(CUDA_VISIBLE_DEVICES="2,3", KLA_PAGE_GPUS="1").stdout) == {
+        "gpu 2": ["sbs", "recipe", "backward", "split"]}
+    r = dry(CUDA_VISIBLE_DEVICES="2,3", KLA_PAGE_GPUS="3")
+    assert r.returncode == 2 and "CUDA_VISIBLE_DEVICES names 2" in r.stderr
 
 
 def test_refusals():
