@@ -14,13 +14,16 @@
 #   split     kla_bench_cuda, then bench_split.py                   (about 240 s)
 # Four GPUs run them all in one device call. With two, a call fits two jobs:
 # KLA_PAGE_JOBS="sbs recipe" in one call, then "backward split" in the next.
-# Round 2, session 27 ran this split by hand on two H200s, in two calls.
+# Round 2, session 27 ran this split by hand on two H200s, in two calls; session 28 ran the
+# backward and split jobs with this script on two H200s of four (CUDA_VISIBLE_DEVICES=2,3: the
+# others ran GPU tests meanwhile), 179 s and 221 s.
 #
 # Writes $OUT/<job>/ and prints a line as each job ends. Then, here, with the folders fetched:
 #   python3 bench/make_performance_md.py OUT/sbs --recipe OUT/recipe --backward OUT/backward \
 #       --split OUT/split --status bench/notes/status.md --command '...' ...
 # Environment: KLA_PAGE_JOBS (the jobs to run, default all four), CUDA_VISIBLE_DEVICES (the GPUs
-# to use), KLA_PAGE_GPUS (how many of them; default: all), KLA_PAGE_DRY=1 (print each GPU's queue and run nothing; the CPU test).
+# to use), KLA_PAGE_GPUS (how many of them; default: all), KLA_PAGE_DRY=1 (print each GPU's
+# queue and run nothing; the CPU test).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIST=${KLA_GPU_DIST:-$ROOT/build-gpu/dist}

@@ -30,7 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # one alone. Only the balance of the groups depends on them; a step not listed counts as
 # DEFAULT_COST, a mutant step as its test binary's whole run (the runner waits for its exit).
 # Their sum, about 6,000 s, is more than one 600 s device call on four GPUs holds: session 28
-# finished 31 of 52 steps on three; the summary's rerun line takes the rest to the next call.
+# finished 31 of the 52 steps it then had on three; the summary's rerun line takes the rest to
+# the next call.
 COST = {
     "validate": 2, "kernels": 87, "props": 35, "kernels-wy16": 105, "kernels-wy8": 96,
     "kernels-wy32": 112, "kernels-wy_transposed": 64, "kernels-tf32": 66, "kernels-generic": 65,
@@ -134,7 +135,8 @@ def devices(n):
     """The GPUs the groups are dealt over: the entries of CUDA_VISIBLE_DEVICES where it is set (so
     that a caller can keep some of a machine's GPUs for other work), else 0 .. the count of
     nvidia-smi -L; n > 0 takes the first n of them (or, without CUDA_VISIBLE_DEVICES, 0 .. n-1)."""
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if d.strip()]
     if not visible:
         return [str(i) for i in range(n or gpu_count())]
     if n > len(visible):
@@ -153,7 +155,8 @@ def gpu_count():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=0,
-                    help="GPUs to use (default: those CUDA_VISIBLE_DEVICES names, else nvidia-smi -L's)")
+                    help="GPUs to use (default: those CUDA_VISIBLE_DEVICES names, else "
+                    "nvidia-smi -L's)")
     ap.add_argument("--groups-per-gpu", type=int, default=3)
     ap.add_argument("--limit", type=int, default=560, help="seconds a group may take")
     ap.add_argument("--steps", help="only the steps this regex matches whole (a rerun)")
