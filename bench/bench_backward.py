@@ -19,7 +19,10 @@ every library; --no-graph skips the replays.
 an operand, and at this case's shapes, bf16 with K = V = 128, its prep and both state scans on
 bf16 tensor cores with split operands and its input gradients on bf16 operands: kla.h). kla's
 forward saves nothing but its inputs; its backward recomputes each chunk's state into the
-workspace (kla_backward_workspace_size, reported).
+workspace (kla_backward_workspace_size, reported). "kla FAST saved" is kla FAST with
+save_states=True: the forward also writes each chunk's incoming state and U in bf16
+(kla_chunk_forward_saving, kla_saved_states_size bytes, reported as saved GiB), and the backward
+reads them instead of running its state scan (kla_chunk_backward_saved).
 
 Accuracy (--accuracy, on by default): on a smaller problem, each gradient of kla's and FLA's
 bf16 backward against float64 gradients of the same rounded inputs (kla.torch_impl, autograd in
@@ -247,6 +250,14 @@ def kla_fast_fn(q, k, v, g, beta, h0, cu):
     return kla_fn(q, k, v, g, beta, h0, cu, arithmetic="fast")
 
 
+def kla_fast_saved_fn(q, k, v, g, beta, h0, cu):
+    """kla FAST with save_states=True (kla.h "Saved states")."""
+    return kla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                      cu_seqlens=cu, cu_seqlens_cpu=_host_cu(cu),
+                                      use_qk_l2norm_in_kernel=True, arithmetic="fast",
+                                      save_states=True)
+
+
 def ref_fn(q, k, v, g, beta, h0, cu):
     return kla.torch_impl.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
                                                  output_final_state=True, cu_seqlens=cu,
@@ -314,6 +325,8 @@ def main():
                          cu_seqlens=cu, cu_seqlens_host=_host_cu(cu))
         row["kla_workspace_GiB"] = kla._lib.load().backward_workspace_size(
             ctypes.byref(bp)) / 2**30
+        bp.forward.arithmetic = kla._params.ARITHMETIC_FAST
+        row["kla_saved_GiB"] = kla._lib.load().saved_states_size(ctypes.byref(bp.forward)) / 2**30
         graphs = not a.no_graph
         r = run_speed(kla_fn, leaves, cu, do, dht, a.reps, graphs)
         row.update({f"kla_{k}": x for k, x in r.items()})
@@ -321,6 +334,9 @@ def main():
         r = run_speed(kla_fast_fn, leaves, cu, do, dht, a.reps, graphs)
         row.update({f"kla_fast_{k}": x for k, x in r.items() if k != "peak_GiB"})
         speed_log(name, "kla FAST", r)
+        r = run_speed(kla_fast_saved_fn, leaves, cu, do, dht, a.reps, graphs)
+        row.update({f"kla_fast_saved_{k}": x for k, x in r.items()})
+        speed_log(name, "kla FAST saved", r)
         if fla_gdr is not None:
             try:
                 r = run_speed(make_fla_fn(fla_gdr), leaves, cu, do, dht, a.reps, graphs)
@@ -348,6 +364,8 @@ def main():
             row["kla"] = {n: rel_rms(x, r) for n, x, r in zip(names, ours, ref)}
             ours = grads_of(kla_fast_fn, leaves, cu, do, dht)
             row["kla FAST"] = {n: rel_rms(x, r) for n, x, r in zip(names, ours, ref)}
+            ours = grads_of(kla_fast_saved_fn, leaves, cu, do, dht)
+            row["kla FAST saved"] = {n: rel_rms(x, r) for n, x, r in zip(names, ours, ref)}
             if fla_gdr is not None:
                 try:
                     theirs = grads_of(make_fla_fn(fla_gdr), leaves, cu, do, dht)
@@ -381,13 +399,26 @@ def main():
                      f"{f3(r.get('fla_graph_fwd_bwd_ms'))} | "
                      f"{f3(r['kla_workspace_GiB'])} | {f3(r['kla_peak_GiB'])} | "
                      f"{f3(r.get('fla_peak_GiB'))} |")
+    lines += ["", "kla FAST with saved states (save_states=True) beside kla FAST:", "",
+              "| case | kla FAST bwd ms | kla FAST saved bwd ms | graph: kla FAST bwd | "
+              "graph: kla FAST saved bwd | graph: kla FAST fwd+bwd | graph: kla FAST saved "
+              "fwd+bwd | saved GiB | kla FAST saved peak GiB |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["speed"]:
+        lines.append(f"| {r['case']} | {f3(r['kla_fast_bwd_ms'])} | "
+                     f"{f3(r.get('kla_fast_saved_bwd_ms'))} | "
+                     f"{f3(r.get('kla_fast_graph_bwd_ms'))} | "
+                     f"{f3(r.get('kla_fast_saved_graph_bwd_ms'))} | "
+                     f"{f3(r.get('kla_fast_graph_fwd_bwd_ms'))} | "
+                     f"{f3(r.get('kla_fast_saved_graph_fwd_bwd_ms'))} | "
+                     f"{f3(r.get('kla_saved_GiB'))} | {f3(r.get('kla_fast_saved_peak_GiB'))} |")
     if result["accuracy"]:
         lines += ["", "Relative RMS against float64 gradients (bf16 inputs, 2 packed sequences "
                   "of 700 + 324 tokens, H 4 / HV 8, K = V = 128, qk l2-norm in the kernel):", "",
                   "| family | library | dq | dk | dv | dg | dbeta | dh0 |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in result["accuracy"]:
-            for lib in ("kla", "kla FAST", "fla"):
+            for lib in ("kla", "kla FAST", "kla FAST saved", "fla"):
                 if lib in r:
                     cells = " | ".join(f"{r[lib][n]:.2e}" for n in names)
                     lines.append(f"| {r['family']} | {lib} | {cells} |")

@@ -204,6 +204,21 @@ std::optional<kla_status> early_status(const kla_params& p) {
 /// buffers if larger: for n segments (segments, or 16 for 0), M = N n packed sequences over B T
 /// tokens and W = K + V, the passes' records and images for those M sequences, 2 tokens HV W dtype
 /// elements, 2 M HV K W and 2 M HV K V floats and M + 1 int32, each piece rounded up to 16 bytes.
+/// kla.h "Saved states": (K V + 64 V) bf16 a chunk slot and value head for bf16 FAST calls at
+/// K = V = 128 without a state pool whose path request is AUTO or WY, value_slice 0 or 32 and
+/// segments 0 or 1; 0 for every other call.
+i128 documented_saved_states_size(const kla_params& p) {
+  const bool can =
+      raw_enum(p.dtype) == 1 && raw_enum(p.arithmetic) == 1 && p.head_dim_k == 128 &&
+      p.head_dim_v == 128 && !p.state_pool && (raw_enum(p.path) == 0 || raw_enum(p.path) == 1) &&
+      (p.value_slice == 0 || p.value_slice == 32) && (p.segments == 0 || p.segments == 1);
+  if (!can) return 0;
+  const bool packed = p.cu_seqlens != nullptr;
+  const std::int64_t N = packed ? p.num_seqs : p.batch, T = p.seq_len;
+  const i128 slots = packed ? i128(T / 64 + N) : mul(N, (T + 63) / 64);
+  return mul(mul(slots, p.num_v_heads), (128 * 128 + 64 * 128) * 2);
+}
+
 i128 documented_workspace_size(const kla_params& p) {
   const bool packed = p.cu_seqlens != nullptr;
   const std::int64_t N = packed ? p.num_seqs : p.batch, T = p.seq_len, K = p.head_dim_k;
@@ -613,6 +628,13 @@ int check(const kla_params& p, const HostArrays& a, bool built_valid) {
   // The library's workspace size against kla.h's documented layout, computed independently.
   if (st == KLA_SUCCESS && i128(kla_workspace_size(&p)) != documented_workspace_size(p))
     die("kla_workspace_size differs from the documented layout", p, s);
+  // The saved states' size reads the struct as it is (any enum value, any sizes) and must say
+  // why it is 0; on a valid struct it is kla.h's.
+  const std::size_t saved = kla_saved_states_size(&p);
+  if (saved == 0 && std::string(kla_last_error_message()).rfind("kla: ", 0) != 0)
+    die("kla_saved_states_size 0 without a message", p, s);
+  if (st == KLA_SUCCESS && i128(saved) != documented_saved_states_size(p))
+    die("kla_saved_states_size differs from kla.h's", p, s);
   return s;
 }
 

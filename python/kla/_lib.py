@@ -4,7 +4,9 @@ The library is loaded once, at the first call that needs it (importing kla loads
 is looked for in KLA_CUDA_LIBRARY (an environment variable naming a file, for development) or
 else in the package's lib/ folder, where `pip install` puts it. A library of another ABI, or one
 whose kla_params has another layout, is refused with KlaLibraryError; so is a package built
-without CUDA (no nvcc at build time: the package then has no library at all).
+without CUDA (no nvcc at build time: the package then has no library at all). The saved-states
+entry points (kla_saved_states_size, kla_chunk_forward_saving, kla_chunk_backward_saved) are new
+symbols of the same ABI: a library without them loads, and only save_states=True refuses it.
 """
 import ctypes
 import os
@@ -72,6 +74,27 @@ def _declare(lib):
         fn.restype, fn.argtypes = res, args
 
 
+def _declare_saving(lib):
+    """The saved-states entry points (kla.h "Saved states"): new in ABI 5, so an ABI 5 library
+    built before them still loads; save_states=True then raises (Library._saving_entry).
+    Returns the names the library lacks."""
+    pp = POINTER(P.KlaParams)
+    saving = {
+        "kla_saved_states_size": (c_size_t, [pp]),
+        "kla_chunk_forward_saving": (c_int, [pp, c_void_p, c_size_t, c_void_p]),
+        "kla_chunk_backward_saved": (c_int, [POINTER(P.KlaBackwardParams), c_void_p, c_size_t,
+                                             c_void_p]),
+    }
+    missing = []
+    for name, (res, args) in saving.items():
+        fn = getattr(lib, name, None)
+        if fn is None:
+            missing.append(name)
+        else:
+            fn.restype, fn.argtypes = res, args
+    return missing
+
+
 class Library:
     """One loaded libkla_cuda: the ctypes functions, checked against this package's ABI."""
 
@@ -94,6 +117,7 @@ class Library:
                 f"{abi_version}: install the library built with this package "
                 f"(pip install the package again)")
         self._check_layout(abi_version)
+        self.missing = _declare_saving(lib)
         # Bound functions, cached: the per-call cost of the ops is a few attribute loads.
         self.chunk_forward = lib.kla_chunk_forward
         self.tokenwise_forward = lib.kla_tokenwise_forward
@@ -109,6 +133,27 @@ class Library:
         if bp.struct_size != ctypes.sizeof(P.KlaBackwardParams) or bp.forward.eta_value != 1.0:
             raise KlaLibraryError(f"kla: kla_backward_params has another layout in {self.path}")
         self._backward_template = bp
+        # Saved states (save_states=True): kla_saved_states_size(&params) -> bytes (0: cannot
+        # save, kla_last_error_message says why), kla_chunk_forward_saving(&params, saved,
+        # saved_size, stream), kla_chunk_backward_saved(&backward_params, saved, saved_size,
+        # stream).
+        self.saved_states_size = self._saving_entry("kla_saved_states_size")
+        self.chunk_forward_saving = self._saving_entry("kla_chunk_forward_saving")
+        self.chunk_backward_saved = self._saving_entry("kla_chunk_backward_saved")
+
+    def _saving_entry(self, name):
+        """The bound entry point, or (a library without saved states) a stand-in of that name
+        that raises KlaLibraryError saying so when called."""
+        if name not in self.missing:
+            return getattr(self.cdll, name)
+        path = self.path
+
+        def missing(*args):
+            raise KlaLibraryError(f"kla: {path} has no {name}: it is an ABI {P.ABI_VERSION} "
+                                  f"library built before saved states (save_states=True); "
+                                  f"rebuild it (pip install the package again)")
+        missing.__name__ = name
+        return missing
 
     def _check_layout(self, abi_version):
         """kla_params_init_abi must zero exactly sizeof(KlaParams) bytes and set our defaults."""

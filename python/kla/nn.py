@@ -90,13 +90,17 @@ class KLA(nn.Module):
     ('q_l2norm' as the paper, 'scale', or 'qk_l2norm' for FLA's use_qk_l2norm_in_kernel), impl
     ('kernels' or 'torch'), arithmetic ('accurate' or 'fast': the chunk kernels' contract, forward
     and backward, kla.chunk_kla; the torch implementation and mode 'fused_recurrent' have one
-    arithmetic). Any other keyword is a TypeError."""
+    arithmetic), save_states (False; True: kla.chunk_kla's save_states, the forward saving each
+    chunk's state for a faster backward, 48 KB per 64-token chunk and value head kept from forward
+    to backward: impl 'kernels' and mode 'chunk' only, else a ValueError here; bf16,
+    arithmetic 'fast' and head dims 128, else chunk_kla's ValueError at the first forward). Any
+    other keyword is a TypeError."""
 
     def __init__(self, hidden_size=2048, expand_v=2, head_dim=256, num_heads=6,
                  num_v_heads=None, mode="chunk", use_gate=True, use_short_conv=True,
                  allow_neg_eigval=False, conv_size=4, conv_bias=False, layer_idx=None,
                  norm_eps=1e-5, *, eps=1e-6, readout="q_l2norm", impl="kernels",
-                 arithmetic="accurate", **kwargs):
+                 arithmetic="accurate", save_states=False, **kwargs):
         super().__init__()
         if kwargs:
             raise TypeError(f"kla.nn.KLA: unexpected keyword argument '{next(iter(kwargs))}'")
@@ -109,6 +113,14 @@ class KLA(nn.Module):
         if arithmetic not in _ARITHMETICS:
             raise ValueError(f"kla.nn.KLA: arithmetic must be one of {_ARITHMETICS}, got "
                              f"{arithmetic!r}")
+        if not isinstance(save_states, bool):
+            raise ValueError(f"kla.nn.KLA: save_states must be True or False, got "
+                             f"{save_states!r}")
+        if save_states and (impl != "kernels" or mode != "chunk"):
+            # Only kla.chunk_kla can save: refused rather than ignored.
+            raise ValueError(f"kla.nn.KLA: save_states=True needs impl='kernels' and "
+                             f"mode='chunk' (the chunk kernels save the states), got "
+                             f"impl={impl!r}, mode={mode!r}")
         num_v_heads = num_heads if num_v_heads is None else num_v_heads
         if num_v_heads % num_heads:
             raise ValueError(f"kla.nn.KLA: num_v_heads = {num_v_heads} must be a multiple of "
@@ -118,7 +130,7 @@ class KLA(nn.Module):
             raise ValueError(f"kla.nn.KLA: head_dim * expand_v = {head_dim * expand_v} must be "
                              f"an integer")
         self.hidden_size, self.mode, self.impl, self.readout = hidden_size, mode, impl, readout
-        self.arithmetic = arithmetic
+        self.arithmetic, self.save_states = arithmetic, save_states
         self.num_heads, self.num_v_heads = num_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_dim, head_v_dim
         self.key_dim, self.value_dim = num_heads * head_dim, num_v_heads * head_v_dim
@@ -182,7 +194,8 @@ class KLA(nn.Module):
         if self.impl == "torch":
             o, _ = torch_impl.chunk_kla(q, k, v, g, eta, **args)
         elif self.mode == "chunk":
-            o, _ = api.chunk_kla(q, k, v, g, eta, arithmetic=self.arithmetic, **args)
+            o, _ = api.chunk_kla(q, k, v, g, eta, arithmetic=self.arithmetic,
+                                 save_states=self.save_states, **args)
         else:
             o, _ = api.fused_recurrent_kla(q, k, v, g, eta, **args)
         gate = None

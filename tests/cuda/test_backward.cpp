@@ -353,6 +353,32 @@ class DeviceBackward {
     return raw;
   }
 
+  /// The forward with saved states (kla_chunk_forward_saving: its own o, workspace and saved
+  /// buffer, the forward's final state not asked for), then `bp` through kla_chunk_backward_saved
+  /// on outputs poisoned with NaN; what it wrote. Throws on a failing status.
+  std::array<std::vector<unsigned char>, kGrads> run_saved(const kla_backward_params& bp) {
+    kla_params f = bp.forward;
+    f.o = fw_.o;
+    f.final_state = nullptr;
+    const std::size_t ws_bytes = kla_workspace_size(&f), saved_bytes = kla_saved_states_size(&f);
+    if (saved_bytes == 0) throw std::runtime_error(kla_last_error_message());
+    void *ws = nullptr, *saved = nullptr;
+    KLA_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+    KLA_CUDA_CHECK(cudaMalloc(&saved, saved_bytes));
+    KLA_CUDA_CHECK(cudaMemset(saved, 0xFF, saved_bytes));  // NaN: every record must be written
+    f.workspace = ws, f.workspace_size = ws_bytes;
+    fill_outputs(0xFF);
+    kla_status st = kla_chunk_forward_saving(&f, saved, saved_bytes, nullptr);
+    if (st == KLA_SUCCESS) st = kla_chunk_backward_saved(&bp, saved, saved_bytes, nullptr);
+    const std::string message = kla_last_error_message();
+    KLA_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(ws);
+    cudaFree(saved);
+    if (st != KLA_SUCCESS)
+      throw std::runtime_error(std::string(kla_status_string(st)) + ": " + message);
+    return download();
+  }
+
   /// Runs `bp` on outputs poisoned with NaN and returns what it wrote; throws on a failing status.
   std::array<std::vector<unsigned char>, kGrads> run(const kla_backward_params& bp) {
     fill_outputs(0xFF);
@@ -748,18 +774,25 @@ std::vector<Case> cases_for(kla_dtype dt, kla_arithmetic arith) {
 }
 
 /// Runs every case of a dtype on the device in arithmetic `arith`, then the reference of all their
-/// heads at once (on every CPU core, the longest heads first), and compares.
-void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITHMETIC_ACCURATE) {
-  std::printf("kla backward %s %s: base seed %llu\n", dtype_name(dt), arithmetic_name(arith),
-              static_cast<unsigned long long>(base_seed()));
+/// heads at once (on every CPU core, the longest heads first), and compares. `from_saved`: the
+/// cases at K = V = 128 alone, each through kla_chunk_forward_saving and kla_chunk_backward_saved
+/// (bf16 FAST: the only calls that save), held to the same bounds as the backward that recomputes
+/// (the saved S and U come from the forward's scan, whose products are at least as fine as the
+/// backward's state scan's; both round them to bf16 alike).
+void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITHMETIC_ACCURATE,
+                                  bool from_saved = false) {
+  std::printf("kla backward %s %s%s: base seed %llu\n", dtype_name(dt), arithmetic_name(arith),
+              from_saved ? " from saved states" : "", static_cast<unsigned long long>(base_seed()));
   std::vector<Problem> problems;
-  for (const Case& k : cases_for(dt, arith)) problems.push_back(make_problem(k));
+  for (const Case& k : cases_for(dt, arith))
+    if (!from_saved || (k.cfg.K == 128 && k.cfg.V == 128)) problems.push_back(make_problem(k));
   std::vector<Gradients> got(problems.size());
   std::vector<bool> padding_ok(problems.size());
   for (std::size_t i = 0; i < problems.size(); ++i) {
     DeviceBackward dev(problems[i]);
     bool ok = true;
-    got[i] = gather_outputs(problems[i], dev.run(dev.params()), ok);
+    got[i] = gather_outputs(problems[i],
+                            from_saved ? dev.run_saved(dev.params()) : dev.run(dev.params()), ok);
     padding_ok[i] = ok;
   }
 
@@ -816,7 +849,7 @@ void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITH
       EXPECT_LE(rel, bound) << kGradNames[g] << " of " << what
                             << (ref_zero ? ": the reference is 0, the kernel's is not" : "") << " "
                             << rerun_hint();
-      if (!ref_zero) worst_ledger().add(arith, dt, Grad(g), rel, bound, p.c.name);
+      if (!ref_zero && !from_saved) worst_ledger().add(arith, dt, Grad(g), rel, bound, p.c.name);
     }
   }
 }
@@ -845,6 +878,74 @@ TEST(CudaBackward, FastFp32AgainstMpfr) {
 TEST(CudaBackward, FastBf16AgainstMpfr) {
   KLA_REQUIRE_GPU();
   expect_cases_match_reference(KLA_DTYPE_BF16, KLA_ARITHMETIC_FAST);
+}
+
+/// The backward from the forward's saved states (kla.h "Saved states"): every K = V = 128 case
+/// of FastBf16AgainstMpfr (dense and packed, grouped value heads up to 4, 16 value heads, with and
+/// without an initial state and dS_T), the same bounds. The kernel mutant saved_u_update_scaled
+/// (the saved U scaled by the update factors) fails here.
+TEST(CudaBackward, FastBf16FromSavedStatesAgainstMpfr) {
+  KLA_REQUIRE_GPU();
+  expect_cases_match_reference(KLA_DTYPE_BF16, KLA_ARITHMETIC_FAST, /*from_saved=*/true);
+}
+
+/// The saving forward is the WY path at 32 columns with stores added: its o and final state are
+/// bitwise kla_chunk_forward's with path WY and value_slice 32, and each sequence's first saved
+/// state is its initial state rounded to bf16 (round to nearest even, computed here).
+TEST(CudaBackward, ForwardSavingMatchesWyForward) {
+  KLA_REQUIRE_GPU();
+  Case k{"saving", {}, Decay::mild, true, true, KLA_ARITHMETIC_FAST};
+  Config& c = k.cfg;
+  c.dtype = KLA_DTYPE_BF16;
+  c.B = 1, c.T = 333, c.H = 2, c.HV = 4, c.K = c.V = 128;
+  c.cu_seqlens = {0, 64, 65, 200, 333};
+  c.want_final = true;
+  c.arithmetic = KLA_ARITHMETIC_FAST;
+  c.seed = base_seed() + 9300;
+  const Problem p = make_problem(k);
+  DeviceProblem dp(p.d);
+  kla_params f = dp.params();
+  f.path = KLA_PATH_WY, f.value_slice = 32;
+  dp.poison();
+  ASSERT_EQ(kla_chunk_forward(&f, nullptr), KLA_SUCCESS) << kla_last_error_message();
+  KLA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> o_wy = dp.download_o(), s_wy = dp.download_state();
+  kla_params fs = dp.params();  // path AUTO: the saving entry plans WY at 32 columns itself
+  const std::size_t bytes = kla_saved_states_size(&fs);
+  ASSERT_GT(bytes, 0u) << kla_last_error_message();
+  void* saved = nullptr;
+  KLA_CUDA_CHECK(cudaMalloc(&saved, bytes));
+  KLA_CUDA_CHECK(cudaMemset(saved, 0xFF, bytes));
+  dp.poison();
+  ASSERT_EQ(kla_chunk_forward_saving(&fs, saved, bytes, nullptr), KLA_SUCCESS)
+      << kla_last_error_message();
+  KLA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> o_sv = dp.download_o(), s_sv = dp.download_state();
+  std::vector<std::uint16_t> host(bytes / 2);
+  KLA_CUDA_CHECK(cudaMemcpy(host.data(), saved, bytes, cudaMemcpyDeviceToHost));
+  cudaFree(saved);
+  EXPECT_EQ(std::memcmp(o_wy.data(), o_sv.data(), o_wy.size() * sizeof(float)), 0)
+      << "o differs from the WY forward's";
+  EXPECT_EQ(std::memcmp(s_wy.data(), s_sv.data(), s_wy.size() * sizeof(float)), 0)
+      << "the final state differs from the WY forward's";
+  // Chunk slots of packed sequences start at cu[n] / 64 + n (layout/chunk_geometry.hpp).
+  auto bf16_bits = [](float x) {  // round to nearest even (finite x)
+    std::uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return std::uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  };
+  const int64_t rec = int64_t(c.K) * c.V + int64_t(kChunkLen) * c.V, KV = int64_t(c.K) * c.V;
+  int mismatches = 0;
+  for (int n = 0; n < c.N(); ++n) {
+    if (c.cu_seqlens[n + 1] == c.cu_seqlens[n]) continue;
+    const int64_t slot = c.cu_seqlens[n] / kChunkLen + n;
+    for (int hv = 0; hv < c.HV; ++hv)
+      for (int64_t e = 0; e < KV; ++e) {
+        const std::uint16_t want = bf16_bits(p.d.s0[(int64_t(n) * c.HV + hv) * KV + e]);
+        if (host[std::size_t((slot * c.HV + hv) * rec + e)] != want) ++mismatches;
+      }
+  }
+  EXPECT_EQ(mismatches, 0) << "saved first-chunk states differ from the initial state in bf16";
 }
 
 TEST(CudaBackward, FastFp16AgainstMpfr) {

@@ -25,21 +25,22 @@ struct Fixture {
   std::vector<int32_t> cu, cu_dev_stand_in, idx;
   kla_params p;
 
-  Fixture() {
-    q.assign(B * T * H * K + 64, 1.0f);
+  // Head dims kd, vd (the file's K, V unless given: the saved-states tests take 128).
+  explicit Fixture(int kd = K, int vd = V) {
+    q.assign(B * T * H * kd + 64, 1.0f);
     k = q;
-    v.assign(B * T * HV * V + 64, 1.0f);
-    o.assign(B * T * HV * V + 64, 12345.0f);
+    v.assign(B * T * HV * vd + 64, 1.0f);
+    o.assign(B * T * HV * vd + 64, 12345.0f);
     g.assign(B * T * HV, -0.1f);
     eta.assign(B * T * HV, 1.0f);
-    s0.assign(B * HV * K * V + 64, 0.5f);
-    sf.assign(B * HV * K * V + 64, 12345.0f);
+    s0.assign(B * HV * kd * vd + 64, 0.5f);
+    sf.assign(B * HV * kd * vd + 64, 12345.0f);
     kla_params_init(&p);
     p.dtype = KLA_DTYPE_FP32;
     p.batch = B, p.seq_len = T, p.num_heads = H, p.num_v_heads = HV;
-    p.head_dim_k = K, p.head_dim_v = V;
+    p.head_dim_k = kd, p.head_dim_v = vd;
     p.q = q.data(), p.k = k.data(), p.v = v.data(), p.o = o.data();
-    const int64_t qs[3] = {T * H * K, H * K, K}, vs[3] = {T * HV * V, HV * V, V};
+    const int64_t qs[3] = {T * H * kd, H * kd, kd}, vs[3] = {T * HV * vd, HV * vd, vd};
     for (int i = 0; i < 3; ++i) {
       p.q_strides[i] = p.k_strides[i] = qs[i];
       p.v_strides[i] = p.o_strides[i] = vs[i];
@@ -595,6 +596,123 @@ TEST(Validate, Workspace) {
   h.p.head_dim_k = 128, h.p.num_heads = 0, h.p.arithmetic = KLA_ARITHMETIC_FAST;
   EXPECT_EQ(kla_workspace_size(&h.p), std::size_t(B) * (HV * per_chunk + 2 * HV * image(128)));
 }
+
+// Saved states (kla.h "Saved states"): (K V + 64 V) bf16 per (chunk slot, value head), only for
+// bf16 FAST calls at K = V = 128 that can run the WY path's one pass at 32 columns; any other
+// call gets 0 and a message naming the reason.
+Fixture saving_fixture() {
+  Fixture f(128, 128);
+  f.p.dtype = KLA_DTYPE_BF16, f.p.arithmetic = KLA_ARITHMETIC_FAST;
+  return f;
+}
+
+TEST(Validate, SavedStatesSize) {
+  constexpr std::size_t per_record = (128 * 128 + 64 * 128) * 2;  // 48 KB
+  Fixture f = saving_fixture();
+  EXPECT_EQ(kla_saved_states_size(&f.p), std::size_t(B) * HV * per_record)
+      << kla_last_error_message();  // T = 5: one chunk slot a sequence
+  f.p.seq_len = 129;                // three chunks a sequence
+  EXPECT_EQ(kla_saved_states_size(&f.p), std::size_t(B) * 3 * HV * per_record);
+  f.p.path = KLA_PATH_WY, f.p.value_slice = 32, f.p.segments = 1;  // what the forward runs
+  EXPECT_EQ(kla_saved_states_size(&f.p), std::size_t(B) * 3 * HV * per_record);
+  // Packed sequences: T/64 + N chunk slots, as the workspace's.
+  Fixture g = saving_fixture();
+  const int32_t cu[3] = {0, 130, 200};
+  g.p.batch = 1, g.p.seq_len = 200, g.p.num_seqs = 2;
+  g.p.cu_seqlens = cu, g.p.cu_seqlens_host = cu;
+  EXPECT_EQ(kla_saved_states_size(&g.p), std::size_t(200 / 64 + 2) * HV * per_record);
+  struct Refusal {
+    const char* what;
+    void (*change)(kla_params&);
+    const char* needle;
+  };
+  const Refusal refusals[] = {
+      {"fp16", [](kla_params& p) { p.dtype = KLA_DTYPE_FP16; }, "bf16"},
+      {"accurate", [](kla_params& p) { p.arithmetic = KLA_ARITHMETIC_ACCURATE; }, "FAST"},
+      {"K = 64", [](kla_params& p) { p.head_dim_k = 64; }, "K = 64"},
+      {"V = 64", [](kla_params& p) { p.head_dim_v = 64; }, "V = 64"},
+      {"pool", [](kla_params& p) { p.state_pool = reinterpret_cast<float*>(16); }, "pool"},
+      {"path tf32", [](kla_params& p) { p.path = KLA_PATH_TF32; }, "tf32"},
+      {"path wy_transposed", [](kla_params& p) { p.path = KLA_PATH_WY_TRANSPOSED; },
+       "wy_transposed"},
+      {"value_slice 16",
+       [](kla_params& p) {
+         p.path = KLA_PATH_WY;
+         p.value_slice = 16;
+       },
+       "value_slice = 16"},
+      {"segments 4", [](kla_params& p) { p.segments = 4; }, "segments = 4"},
+  };
+  for (const Refusal& r : refusals) {
+    Fixture h = saving_fixture();
+    r.change(h.p);
+    EXPECT_EQ(kla_saved_states_size(&h.p), 0u) << r.what;
+    EXPECT_NE(std::string(kla_last_error_message()).find(r.needle), std::string::npos)
+        << r.what << ": message '" << kla_last_error_message() << "' does not name '" << r.needle
+        << "'";
+  }
+  EXPECT_EQ(kla_saved_states_size(nullptr), 0u);
+  Fixture bad = saving_fixture();
+  bad.p.struct_size -= 8;
+  EXPECT_EQ(kla_saved_states_size(&bad.p), 0u);
+  EXPECT_NE(std::string(kla_last_error_message()).find("another kla.h"), std::string::npos);
+}
+
+#ifdef KLA_TEST_WITH_CUDA
+// The saving entry points check the saved buffer before they look for a device, so these
+// refusals are the same with and without a GPU; nothing is written.
+TEST(Validate, SavedStatesEntriesRefuseBadBuffers) {
+  Fixture f = saving_fixture();
+  const std::size_t need = kla_saved_states_size(&f.p);
+  ASSERT_GT(need, 0u) << kla_last_error_message();
+  std::vector<float> saved(need / sizeof(float) + 16, 12345.0f);
+  auto expect = [&](kla_status got, kla_status want, const std::string& needle) {
+    EXPECT_EQ(got, want) << kla_last_error_message();
+    EXPECT_NE(std::string(kla_last_error_message()).find(needle), std::string::npos)
+        << "message '" << kla_last_error_message() << "' does not name '" << needle << "'";
+  };
+  expect(kla_chunk_forward_saving(&f.p, nullptr, need, nullptr), KLA_ERROR_NULL_POINTER,
+         "saved is NULL");
+  expect(kla_chunk_forward_saving(&f.p, saved.data() + 1, need, nullptr), KLA_ERROR_MISALIGNED,
+         "saved is not 16-byte aligned");
+  expect(kla_chunk_forward_saving(&f.p, saved.data(), need - 16, nullptr), KLA_ERROR_INVALID_SIZE,
+         "kla_saved_states_size");
+  Fixture h = saving_fixture();
+  h.p.arithmetic = KLA_ARITHMETIC_ACCURATE;
+  expect(kla_chunk_forward_saving(&h.p, saved.data(), need, nullptr), KLA_ERROR_UNSUPPORTED_PATH,
+         "cannot use saved states: only arithmetic FAST");
+  kla_backward_params bp;
+  kla_backward_params_init(&bp);
+  bp.forward = f.p;
+  // Separate outputs (overlapping ones would be refused first), never written.
+  std::vector<float> dq(f.q.size(), 777.0f), dk(f.q.size(), 777.0f), dv(f.v.size(), 777.0f),
+      dg(f.g.size(), 777.0f), deta(f.g.size(), 777.0f);
+  bp.d_o = f.v.data();
+  for (int i = 0; i < 3; ++i) bp.d_o_strides[i] = f.p.o_strides[i];
+  bp.dq = dq.data(), bp.dk = dk.data(), bp.dv = dv.data();
+  for (int i = 0; i < 3; ++i) {
+    bp.dq_strides[i] = bp.dk_strides[i] = f.p.q_strides[i];
+    bp.dv_strides[i] = f.p.v_strides[i];
+  }
+  bp.dg = dg.data(), bp.deta = deta.data();
+  bp.dg_strides[0] = bp.deta_strides[0] = T * HV;
+  bp.dg_strides[1] = bp.deta_strides[1] = HV;
+  std::vector<float> ws(kla_backward_workspace_size(&bp) / sizeof(float) + 16);
+  bp.workspace = ws.data(), bp.workspace_size = ws.size() * sizeof(float);
+  expect(kla_chunk_backward_saved(&bp, nullptr, need, nullptr), KLA_ERROR_NULL_POINTER,
+         "kla_chunk_backward_saved: saved is NULL");
+  expect(kla_chunk_backward_saved(&bp, saved.data(), need - 16, nullptr), KLA_ERROR_INVALID_SIZE,
+         "kla_saved_states_size");
+  EXPECT_TRUE(f.untouched());
+  auto all = [](const std::vector<float>& x, float value) {
+    for (float e : x)
+      if (e != value) return false;
+    return true;
+  };
+  EXPECT_TRUE(all(saved, 12345.0f));
+  for (const auto* x : {&dq, &dk, &dv, &dg, &deta}) EXPECT_TRUE(all(*x, 777.0f));
+}
+#endif
 
 TEST(Validate, CppWrapper) {
   kla::cuda::Params p;  // defaults: no sizes

@@ -26,17 +26,24 @@ def lib():
 
 
 class Launched:
-    """What the ops passed to the entry points: one (entry name, params dict) per call."""
+    """What the ops passed to the entry points: one (entry name, params dict) per call, and in
+    `extra` the arguments between the params and the stream (the saving entry points' saved
+    states: address and size)."""
 
     def __init__(self, lib):
-        self.lib, self.calls = lib, []
+        self.lib, self.calls, self.extra = lib, [], []
         self.write_final = None  # a tensor the fake kernel copies into final_state
 
-    def __call__(self, entry, ref, dev):
+    def __call__(self, entry, ref, dev, *extra):
         p = ref._obj
         name = entry.__name__
+        self.extra.append((name, extra))
+        if isinstance(p, P.KlaBackwardParams):  # the kernels' backward (chunk_bwd_saved)
+            self.lib.check(self.lib.cdll.kla_validate_backward(ref))
+            self.calls.append((name, P.as_dict(p.forward)))
+            return 0
         self.lib.validate(p)  # raises KlaError as the real call would
-        if name == "kla_chunk_forward":
+        if name in ("kla_chunk_forward", "kla_chunk_forward_saving"):
             self.plan = self.lib.plan_chunk(p, kla.H100._c())  # needs no GPU
         self.calls.append((name, P.as_dict(p)))
         self.memory = self._snapshot(p)

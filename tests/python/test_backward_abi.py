@@ -94,3 +94,97 @@ def test_backward_needs_no_gpu_to_refuse(lib):
     bp.dv = None
     status = lib.chunk_backward(ctypes.byref(bp), None)
     assert P.STATUS_NAMES[status] == "KLA_ERROR_NULL_POINTER"
+
+
+# ---- saved states (kla.h "Saved states"): kla_saved_states_size, host arithmetic ---------------
+@pytest.fixture
+def saving_lib(lib):
+    if lib.missing:
+        pytest.skip(f"{lib.path} has no {', '.join(lib.missing)} (an ABI 5 library built before "
+                    f"saved states): rebuild it to run this test")
+    return lib
+
+
+def _saving_params(lib, *, B=1, T=100, H=2, HV=4, K=128, V=128, cu=None, dtype=torch.bfloat16):
+    """A forward call that can save (bf16, FAST, K = V = 128), on CPU tensors standing in for
+    device memory; cu: packed cu_seqlens (B = 1), its values as the host and the device copy."""
+    t = {"q": torch.zeros(B, T, H, K, dtype=dtype), "k": torch.zeros(B, T, H, K, dtype=dtype),
+         "v": torch.zeros(B, T, HV, V, dtype=dtype), "o": torch.zeros(B, T, HV, V, dtype=dtype),
+         "g": torch.zeros(B, T, HV), "eta": torch.zeros(B, T, HV),
+         "cu": None if cu is None else torch.tensor(cu, dtype=torch.int32)}
+    p = P.fill(lib.params(), t["q"], t["k"], t["v"], t["o"], g=t["g"], eta=t["eta"],
+               cu_seqlens=t["cu"], cu_seqlens_host=t["cu"], arithmetic=P.ARITHMETIC_FAST)
+    return p, t
+
+
+_POOL = torch.zeros(4, 4, 128, 128)
+_POOL_INDICES = torch.tensor([2], dtype=torch.int32)
+
+
+def _pool(p):
+    """A valid state pool (rows of [4, HV, K, V], one index per sequence): a call that would
+    validate but, as kla.h says, cannot save."""
+    p.state_pool, p.pool_size = _POOL.data_ptr(), _POOL.shape[0]
+    p.state_indices = p.state_indices_host = _POOL_INDICES.data_ptr()
+
+
+def _saved_size(lib, p):
+    return lib.saved_states_size(ctypes.byref(p)), lib.cdll.kla_last_error_message().decode()
+
+
+@pytest.mark.parametrize("B,T,HV,cu,slots", [
+    (1, 100, 4, None, 2),                              # ceil(100 / 64)
+    (2, 300, 4, None, 2 * 5),
+    (3, 64, 2, None, 3),
+    (1, 1, 1, None, 1),
+    (1, 300, 4, [0, 100, 164, 300], 300 // 64 + 3),    # packed: T // 64 + N (chunk_slots)
+    (1, 700, 4, [0, 200, 264, 700], 700 // 64 + 3),
+    (1, 129, 2, [0, 0, 1, 129], 129 // 64 + 3),        # an empty and a one-token sequence
+    (1, 128, 2, [0, 128], 128 // 64 + 1),
+])
+def test_saved_states_size_is_the_package_formula(saving_lib, B, T, HV, cu, slots):
+    """kla_saved_states_size: chunk slots (the workspace's) x HV records of (K V + 64 V) bf16 =
+    48 KiB at K = V = 128; the bytes the fake kernel allocates (ops.saved_states_bytes)."""
+    from kla import ops
+    p, t = _saving_params(saving_lib, B=B, T=T, H=2 if HV % 2 == 0 else 1, HV=HV, cu=cu)
+    size, msg = _saved_size(saving_lib, p)
+    assert size == slots * HV * (128 * 128 + 64 * 128) * 2, (size, msg)
+    assert size == ops.saved_states_bytes(t["q"], t["v"], t["cu"])
+
+
+@pytest.mark.parametrize("path,value_slice,segments", [
+    (P.PATH_AUTO, 0, 0), (P.PATH_WY, 0, 0), (P.PATH_WY, 32, 1), (P.PATH_AUTO, 32, 1)])
+def test_saved_states_size_of_every_path_request_that_can_save(saving_lib, path, value_slice,
+                                                              segments):
+    p, _ = _saving_params(saving_lib)
+    p.path, p.value_slice, p.segments = path, value_slice, segments
+    assert _saved_size(saving_lib, p)[0] == 2 * 4 * 48 * 1024
+
+
+@pytest.mark.parametrize("change,words", [
+    (lambda p: setattr(p, "dtype", P.DTYPE_FP16), ("bf16", "dtype")),
+    (lambda p: setattr(p, "dtype", P.DTYPE_FP32), ("bf16", "dtype")),
+    (lambda p: setattr(p, "arithmetic", P.ARITHMETIC_ACCURATE), ("fast", "arithmetic")),
+    (lambda p: setattr(p, "head_dim_k", 64), ("128", "head_dim")),
+    (lambda p: setattr(p, "head_dim_v", 64), ("128", "head_dim")),
+    (lambda p: _pool(p), ("pool",)),
+    (lambda p: setattr(p, "path", P.PATH_WY_TRANSPOSED), ("path", "wy")),
+    (lambda p: setattr(p, "path", P.PATH_TF32), ("path", "wy")),
+    (lambda p: setattr(p, "value_slice", 16), ("value_slice", "slice")),
+    (lambda p: setattr(p, "segments", 2), ("segment",)),
+])
+def test_saved_states_size_is_zero_with_a_reason_where_the_call_cannot_save(saving_lib, change,
+                                                                             words):
+    """0 bytes, and kla_last_error_message says why (a word of the condition in it)."""
+    p, _ = _saving_params(saving_lib)
+    change(p)
+    size, msg = _saved_size(saving_lib, p)
+    assert size == 0 and msg, (size, msg)
+    assert any(w in msg.lower() for w in words), msg
+
+
+def test_saved_states_size_of_unusable_params_is_zero(saving_lib):
+    assert saving_lib.saved_states_size(None) == 0
+    p, _ = _saving_params(saving_lib)
+    p.struct_size = 8
+    assert _saved_size(saving_lib, p)[0] == 0

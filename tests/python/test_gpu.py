@@ -807,3 +807,189 @@ def test_context_parallel_simulated_ranks(dtype, packed):
         err = rel_rms(x, ref)
         print(f"cp {dtype} {name}: relative RMS {err:.3e} (bound {bound:.3e})")
         assert err <= bound, f"cp {dtype} {name}: relative RMS {err:.3e} > {bound:.3e}"
+
+
+# ---- saved states (save_states=True: kla_chunk_forward_saving, kla_chunk_backward_saved) --------
+# The bound of the FAST backward's bf16 kernels (bf16, K = V = 128), tests/cuda/test_backward.cpp's,
+# ported: per gradient rel-RMS <= rd + f sqrt(n_h) c, rd what rounding the float64 gradient to its
+# stored type costs on this very sample (bf16 for dq, dk, dv; fp32 for dg, dbeta, dh0), f = 2 where
+# the kernel rounds its result to bf16 (dq, dk, dv: the nearest-rounding argument), else 1, n_h the
+# chunks of the longest sequence, c that file's constants (kFastBf16Growth*: 1.5x the worst
+# measured, docs/accuracy.md 'Backward'; no decay term under FAST). Both backwards are held to it:
+# the saved states are S and U rounded to bf16 as the backward's own scan rounds them, so the
+# saving path must meet the contract the recomputing one does. Their difference is held to the
+# same bound: the two differ only where an S or U element rounds to the other bf16 neighbour, so
+# they must not differ by more than the contract lets either differ from float64.
+U_BF, U_TF = 2.0 ** -8, 2.0 ** -10
+FAST_BF16_GROWTH = {"dq": 0.26 * U_BF, "dk": 0.26 * U_BF, "dv": 0.26 * U_BF, "dg": 1.26 * U_BF,
+                    "deta": 0.49 * U_BF, "dh0": 0.0029 * U_TF}
+GRAD_NAMES = ("dq", "dk", "dv", "dg", "deta", "dh0")
+# The functions and their inputs: GDN and KLA with l2-normalised keys and the qk l2-norm in the
+# kernel (FLA's use_qk_l2norm_in_kernel; KLA's coefficient then forms from the normalised key, so
+# it is nearly GDN's), and KLA on raw keys with the scale read-out (beta = eta / (|k|^2 + eps)
+# from the raw key).
+SAVE_FNS = ["chunk_gated_delta_rule", "chunk_kla", "chunk_kla_raw_keys"]
+# B = 2 unpacked (a ragged last chunk), or three packed sequences of 200 (not a multiple of 64),
+# 64 and 436 tokens.
+SAVE_LAYOUTS = {"unpacked": None, "packed": [0, 200, 264, 700]}
+
+
+def fast_bf16_bound(name, ref, n_h):
+    stored = torch.bfloat16 if name in ("dq", "dk", "dv") else torch.float32
+    f = 2 if stored == torch.bfloat16 else 1
+    return rel_rms(ref.to(stored), ref) + f * n_h ** 0.5 * FAST_BF16_GROWTH[name]
+
+
+def _needs_saving_device():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("save_states: the saving forward runs the WY path (sm_90a)")
+
+
+def _save_problem(layout, seed=110, raw_keys=False):
+    """bf16, K = V = 128, grouped value heads; keys l2-normalised (unless raw_keys; q and k are
+    normalised in the kernel by use_qk_l2norm_in_kernel), g = logsigmoid / 16, beta / eta =
+    sigmoid, an initial state, d(o) and d(final state); cu_seqlens on the CPU (capturable)."""
+    cu = SAVE_LAYOUTS[layout]
+    B, T = (2, 300) if cu is None else (1, cu[-1])
+    H, HV, K, V = 2, 4, 128, 128
+    q, k, v, g, beta = inputs(B, T, H, HV, K, V, torch.bfloat16, seed=seed, gdn=not raw_keys)
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    n = B if cu is None else cu.shape[0] - 1
+    h0 = state0(n, HV, K, V, seed=seed + 1)
+    gen = torch.Generator(device=DEV).manual_seed(seed + 2)
+    do = torch.randn(B, T, HV, V, device=DEV, generator=gen).to(torch.bfloat16)
+    dht = torch.randn(n, HV, K, V, device=DEV, generator=gen)
+    lengths = [T] if cu is None else (cu[1:] - cu[:-1]).tolist()
+    n_h = max(-(-t // 64) for t in lengths)
+    return (q, k, v, g, beta, h0), cu, do, dht, n_h
+
+
+def _save_call(fn, leaves, cu, **kw):
+    q, k, v, g, beta, h0 = leaves
+    raw = fn == "chunk_kla_raw_keys"
+    extra = {"eps": 1e-6} if fn.startswith("chunk_kla") else {}
+    return getattr(kla, "chunk_kla" if raw else fn)(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=not raw, arithmetic="fast", **extra, **kw)
+
+
+def _recorded_launches(monkeypatch):
+    """ops.launch's kinds and whether ops.launch_backward got saved states, as calls go."""
+    import kla.ops as ops
+    log = []
+    launch, launch_backward = ops.launch, ops.launch_backward
+    monkeypatch.setattr(ops, "launch", lambda kind, *a, **kw: log.append(kind) or
+                        launch(kind, *a, **kw))
+    monkeypatch.setattr(ops, "launch_backward", lambda *a, saved=None: log.append(
+        "bwd_saved" if saved is not None else "bwd") or launch_backward(*a, saved=saved))
+    return log
+
+
+@pytest.mark.parametrize("layout", SAVE_LAYOUTS)
+@pytest.mark.parametrize("fn", SAVE_FNS)
+def test_save_states_outputs_are_the_wy_32_forward(fn, layout, monkeypatch):
+    """save_states=True with a gradient to compute runs kla_chunk_forward_saving, whose o and
+    final state are bitwise those of path='wy', value_slice=32 (kla.h: the same kernels); without
+    one it runs the ordinary forward, bitwise save_states=False's."""
+    import kla.ops as ops
+    _needs_saving_device()
+    xs, cu, _, _, _ = _save_problem(layout, raw_keys=fn == "chunk_kla_raw_keys")
+    log = _recorded_launches(monkeypatch)
+    leaves = [x.clone().requires_grad_(True) for x in xs]
+    o, s = _save_call(fn, leaves, cu, save_states=True)
+    assert log == [ops.CHUNK_SAVING], log
+    o_wy, s_wy = _save_call(fn, xs, cu, path="wy", value_slice=32)
+    assert torch.equal(o, o_wy) and torch.equal(s, s_wy), "the saving forward is not wy/32's"
+    log.clear()
+    with torch.no_grad():
+        o_ng, s_ng = _save_call(fn, leaves, cu, save_states=True)
+    o_auto, s_auto = _save_call(fn, xs, cu)
+    assert log == [ops.CHUNK, ops.CHUNK], log
+    assert torch.equal(o_ng, o_auto) and torch.equal(s_ng, s_auto)
+
+
+@pytest.mark.parametrize("layout", SAVE_LAYOUTS)
+@pytest.mark.parametrize("fn", SAVE_FNS)
+def test_save_states_gradients_meet_the_fast_contract(fn, layout, monkeypatch):
+    """The backward from saved states (kla_chunk_backward_saved) against the recomputing one
+    (save_states=False) and the float64 autograd gradients: each within the FAST bf16 kernels'
+    bound (header of this section), and the two within that bound of each other."""
+    _needs_saving_device()
+    raw = fn == "chunk_kla_raw_keys"
+    xs, cu, do, dht, n_h = _save_problem(layout, seed=120, raw_keys=raw)
+    log = _recorded_launches(monkeypatch)
+
+    def grads(save_states):
+        leaves = [x.clone().requires_grad_(True) for x in xs]
+        o, final = _save_call(fn, leaves, cu, save_states=save_states)
+        torch.autograd.backward((o, final), (do, dht))
+        return [x.grad for x in leaves]
+
+    saved = grads(True)
+    assert log[-1] == "bwd_saved", log
+    recomputed = grads(False)
+    assert log[-1] == "bwd", log
+    gdn = fn == "chunk_gated_delta_rule"
+    want = gradients(*xs, do, dht, cu_seqlens=cu, eps=0.0 if gdn else 1e-6,
+                     coefficient="given" if gdn else "kaczmarz",
+                     readout="scale" if raw else "qk_l2norm")
+    for name, a, b, ref in zip(GRAD_NAMES, saved, recomputed, want):
+        assert a is not None and a.dtype == b.dtype and torch.isfinite(a).all(), name
+        bound = fast_bf16_bound(name, ref, n_h)
+        ea, eb, d = rel_rms(a, ref), rel_rms(b, ref), rel_rms(a, b)
+        print(f"save_states {fn} {layout} {name}: saved {ea:.3e}, recomputed {eb:.3e}, "
+              f"saved vs recomputed {d:.3e} (bound {bound:.3e})")
+        assert ea <= bound, f"{name}: saved states {ea:.3e} > {bound:.3e}"
+        assert eb <= bound, f"{name}: recomputed {eb:.3e} > {bound:.3e}"
+        assert d <= bound, f"{name}: saved vs recomputed {d:.3e} > {bound:.3e}"
+
+
+def test_save_states_under_torch_compile(monkeypatch):
+    """torch.compile(fullgraph=True) of a loss through save_states=True and its backward: the
+    saving forward and the saved backward run inside the compiled graphs, with the eager call's
+    gradients bit for bit (the same kernels on the same inputs: the loss's upstream gradients,
+    do and d(final state), are exact in either)."""
+    _needs_saving_device()
+    import kla.ops as ops
+    xs, cu, do, dht, _ = _save_problem("packed", seed=130)
+    log = _recorded_launches(monkeypatch)
+
+    def loss(q, k, v, g, beta, h0):
+        o, s = _save_call("chunk_gated_delta_rule", (q, k, v, g, beta, h0), cu,
+                          save_states=True)
+        return (o.float() * do.float()).sum() + (s * dht).sum()
+
+    grads = []
+    for f in (loss, torch.compile(loss, fullgraph=True)):
+        log.clear()
+        leaves = [x.clone().requires_grad_(True) for x in xs]
+        f(*leaves).backward()
+        assert log == [ops.CHUNK_SAVING, "bwd_saved"], log
+        grads.append([x.grad for x in leaves])
+    for name, a, b in zip(GRAD_NAMES, *grads):
+        assert torch.equal(a, b), f"{name}: compiled != eager"
+
+
+def test_save_states_cuda_graph_training_step():
+    """Forward and backward with save_states=True captured in one CUDA graph: a replay gives the
+    eager step's gradients bit for bit (the saved states allocated in the graph's pool, written
+    by the captured forward, read by the captured backward)."""
+    _needs_saving_device()
+    xs, cu, do, dht, _ = _save_problem("packed", seed=140)
+    leaves = [x.clone().requires_grad_(True) for x in xs]
+
+    def step():
+        for x in leaves:
+            x.grad = None
+        o, final = _save_call("chunk_kla", leaves, cu, save_states=True)
+        ((o.float() * do.float()).sum() + (final * dht).sum()).backward()
+        return [x.grad for x in leaves]
+
+    eager = [x.clone() for x in step()]
+    graph, grads = _capture(step)
+    for x in grads:
+        x.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, got, want in zip(GRAD_NAMES, grads, eager):
+        assert torch.equal(got, want), f"save_states {name}: the replay differs from eager"

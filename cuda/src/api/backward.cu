@@ -56,10 +56,14 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
   return b;
 }
 
-}  // namespace
-
-extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_stream_t stream) {
+/// kla_chunk_backward, or with `saved` (validated: kla_chunk_backward_saved) reading each chunk's
+/// S and U from the forward's saved states instead of running the state scan.
+kla_status run_backward(const kla_backward_params* p, bool use_saved, const void* saved,
+                        size_t saved_size, kla_stream_t stream, const char* entry) {
   if (kla_status s = kla_validate_backward(p)) return s;
+  if (use_saved)
+    if (kla_status s = kla::detail::validate_saved_states(p->forward, saved, saved_size, entry))
+      return s;
   kla::plan::DeviceInfo dev;
   if (kla_status s = kla::detail::current_device(dev)) return s;
   const int K = int(p->forward.head_dim_k), V = int(p->forward.head_dim_v);
@@ -71,11 +75,12 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
        bf16_grads ? kla::layout::bwd_input_grads_bf16_smem() : kla::layout::bwd_grads_smem(K),
        bf16_grads ? kla::layout::bwd_state_forward_bf16_smem() : 0});
   if (need > dev.max_smem)
-    return fail(KLA_ERROR_UNSUPPORTED_PATH,
-                cat("kla_chunk_backward: the backward needs ", need,
-                    " bytes of shared memory per block at K = ", K, ", V = ", V,
-                    "; this device offers ", dev.max_smem));
-  const kla::kernels::BwdParams b = translate_backward(*p, dev);
+    return fail(
+        KLA_ERROR_UNSUPPORTED_PATH,
+        cat(entry, ": the backward needs ", need, " bytes of shared memory per block at K = ", K,
+            ", V = ", V, "; this device offers ", dev.max_smem));
+  kla::kernels::BwdParams b = translate_backward(*p, dev);
+  b.f.saved = const_cast<void*>(saved);  // read only (the input gradients, bwd_bf16_states)
   const char* what = "the launch";
   const auto st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;
@@ -86,5 +91,16 @@ extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_strea
   }
   if (e == cudaSuccess) return KLA_SUCCESS;
   (void)cudaGetLastError();
-  return fail(KLA_ERROR_CUDA, cat("kla_chunk_backward: ", what, ": ", cudaGetErrorString(e)));
+  return fail(KLA_ERROR_CUDA, cat(entry, ": ", what, ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+extern "C" kla_status kla_chunk_backward(const kla_backward_params* p, kla_stream_t stream) {
+  return run_backward(p, false, nullptr, 0, stream, "kla_chunk_backward");
+}
+
+extern "C" kla_status kla_chunk_backward_saved(const kla_backward_params* p, const void* saved,
+                                               size_t saved_size, kla_stream_t stream) {
+  return run_backward(p, true, saved, saved_size, stream, "kla_chunk_backward_saved");
 }

@@ -11,6 +11,7 @@
 #include "cp/split_launch.hpp"
 #include "kla/kla.h"
 #include "launch/launchers.hpp"
+#include "layout/saved_states.hpp"
 #include "plan/plan.hpp"
 
 namespace {
@@ -41,6 +42,32 @@ kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char*
                                   kla_path_name(plan.path) + "): " + cudaGetErrorString(e));
 }
 
+// kla_chunk_forward_saving: the one-pass WY plan at the saving scan's 32 columns (what the call
+// requested of path, slice and split is AUTO / 0 or that: validate_saved_states), then the launch
+// with the saved states' address in the kernels' params.
+kla_status run_saving(const kla_params* p, void* saved, size_t saved_size, kla_stream_t stream) {
+  constexpr const char* entry = "kla_chunk_forward_saving";
+  if (kla_status s = kla_validate(p)) return s;
+  if (kla_status s = kla::detail::validate_saved_states(*p, saved, saved_size, entry)) return s;
+  kla_params q = *p;
+  q.path = KLA_PATH_WY;
+  q.value_slice = kla::layout::kSavedValueSlice;
+  q.segments = 1;
+  kla::plan::DeviceInfo dev;
+  kla::plan::Plan plan;
+  if (kla_status s = plan_validated(&q, true, plan, dev))
+    return fail(s, std::string(entry) + ": the saving scan (path WY, 32 columns) cannot run: " +
+                       kla_last_error_message());
+  kla::kernels::KernelParams k = kla::detail::translate(q, plan);
+  k.saved = saved;
+  const char* what = "the launch";
+  const cudaError_t e =
+      kla::kernels::launch(k, plan, q.dtype, static_cast<cudaStream_t>(stream), what);
+  if (e == cudaSuccess) return KLA_SUCCESS;
+  (void)cudaGetLastError();
+  return fail(KLA_ERROR_CUDA, std::string(entry) + ": " + what + ": " + cudaGetErrorString(e));
+}
+
 kla_status plan_entry(const kla_params* p, bool chunk, kla_plan* out) {
   if (kla_status s = kla_validate(p)) return s;
   if (!out) return fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
@@ -57,6 +84,11 @@ extern "C" {
 
 kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream) {
   return run(p, true, stream, "kla_chunk_forward");
+}
+
+kla_status kla_chunk_forward_saving(const kla_params* p, void* saved, size_t saved_size,
+                                    kla_stream_t stream) {
+  return run_saving(p, saved, saved_size, stream);
 }
 
 kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t stream) {

@@ -35,4 +35,13 @@ int enum_bits(const E& e) {
   return v;
 }
 
+/// Saved states (kla.h "Saved states"; api/validate.cpp): why the call of validated-shape params p
+/// cannot save ("" where it can): dtype, arithmetic, head dims, state pool, or a path, slice or
+/// split request other than the WY path's one pass at 32 columns.
+std::string saved_states_refusal(const kla_params& p);
+/// Validates a saved-states buffer for the call p (already validated): p can save, `saved` is not
+/// NULL, 16-byte aligned and at least kla_saved_states_size(p) bytes. `who` prefixes the message.
+kla_status validate_saved_states(const kla_params& p, const void* saved, size_t saved_size,
+                                 const char* who);
+
 }  // namespace kla::detail

@@ -12,6 +12,7 @@
 #include "cp/segments.hpp"
 #include "bwd/bwd_layout.hpp"
 #include "layout/chunk_geometry.hpp"
+#include "layout/saved_states.hpp"
 
 #ifndef KLA_VERSION_STRING
 #define KLA_VERSION_STRING "0.0.0"
@@ -113,6 +114,45 @@ bool head_dim_ok(int64_t d) {
 }
 
 }  // namespace
+
+std::string saved_states_refusal(const kla_params& p) {
+  using kla::layout::kSavedHeadDim;
+  if (enum_bits(p.dtype) != KLA_DTYPE_BF16)
+    return "only bf16 calls save states (the backward's bf16 kernels read them)";
+  if (enum_bits(p.arithmetic) != KLA_ARITHMETIC_FAST)
+    return "only arithmetic FAST saves states (its backward runs the bf16 kernels that read them)";
+  if (p.head_dim_k != kSavedHeadDim || p.head_dim_v != kSavedHeadDim)
+    return cat("head dims K = ", p.head_dim_k, ", V = ", p.head_dim_v,
+               ": only K = V = ", kSavedHeadDim, " save states");
+  if (p.state_pool) return "a state pool call has no backward, so nothing to save";
+  const int path = enum_bits(p.path);  // any int a C caller stored (named only when a path)
+  if (path != KLA_PATH_AUTO && path != KLA_PATH_WY)
+    return cat("path ",
+               path >= KLA_PATH_AUTO && path <= KLA_PATH_TOKENWISE ? kla_path_name(kla_path(path))
+                                                                   : "(not a kla_path)",
+               " was requested; the WY path writes saved states");
+  if (p.value_slice != 0 && p.value_slice != kla::layout::kSavedValueSlice)
+    return cat("value_slice = ", p.value_slice, " was requested; the saving scan takes ",
+               kla::layout::kSavedValueSlice, " columns");
+  if (p.segments != 0 && p.segments != 1)
+    return cat("segments = ", p.segments, " was requested; saved states come from one pass");
+  return "";
+}
+
+kla_status validate_saved_states(const kla_params& p, const void* saved, size_t saved_size,
+                                 const char* who) {
+  if (const std::string why = saved_states_refusal(p); !why.empty())
+    return fail(KLA_ERROR_UNSUPPORTED_PATH, cat(who, ": this call cannot use saved states: ", why));
+  if (!saved) return fail(KLA_ERROR_NULL_POINTER, cat(who, ": saved is NULL"));
+  if ((reinterpret_cast<std::uintptr_t>(saved) & 15u) != 0)
+    return fail(KLA_ERROR_MISALIGNED, cat(who, ": saved is not 16-byte aligned"));
+  const std::size_t need = kla_saved_states_size(&p);
+  if (saved_size < need)
+    return fail(KLA_ERROR_INVALID_SIZE, cat(who, ": saved_size = ", saved_size,
+                                            " is less than kla_saved_states_size() = ", need));
+  return KLA_SUCCESS;
+}
+
 }  // namespace kla::detail
 
 extern "C" {
@@ -493,6 +533,29 @@ kla_status kla_validate_backward(const kla_backward_params* p) {
                 cat("backward: workspace_size = ", p->workspace_size,
                     " is less than kla_backward_workspace_size() = ", need));
   return KLA_SUCCESS;
+}
+
+size_t kla_saved_states_size(const kla_params* p) {
+  // Pure host arithmetic on the sizes, as kla_workspace_size; 0 with the reason where the call
+  // cannot save.
+  using kla::detail::cat;
+  using kla::detail::fail;
+  kla::detail::clear_error();
+  if (!p) return (void)fail(KLA_ERROR_NULL_POINTER, "params is NULL"), 0;
+  if (p->abi_version != KLA_ABI_VERSION || p->struct_size != sizeof(kla_params))
+    return (void)fail(KLA_ERROR_ABI_MISMATCH, "params are stamped for another kla.h"), 0;
+  if (const std::string why = kla::detail::saved_states_refusal(*p); !why.empty())
+    return (void)fail(KLA_ERROR_UNSUPPORTED_PATH, cat("kla_saved_states_size: ", why)), 0;
+  const bool packed = p->cu_seqlens != nullptr || p->cu_seqlens_host != nullptr;
+  const int64_t N = packed ? p->num_seqs : p->batch;
+  if (p->seq_len <= 0 || p->seq_len > INT32_MAX || N <= 0 || N > INT32_MAX || p->num_v_heads <= 0 ||
+      p->num_v_heads > INT32_MAX)
+    return (void)fail(KLA_ERROR_INVALID_SIZE, "kla_saved_states_size: unusable sizes"), 0;
+  const int64_t slots = kla::layout::chunk_slots(N, p->seq_len, packed);
+  const int64_t rec = kla::layout::saved_record_elems(p->head_dim_k, p->head_dim_v) * 2;
+  if (double(slots) * double(p->num_v_heads) * double(rec) > 9.0e18)
+    return (void)fail(KLA_ERROR_INVALID_SIZE, "kla_saved_states_size: more than 2^63 bytes"), 0;
+  return static_cast<size_t>(slots * p->num_v_heads * rec);
 }
 
 size_t kla_backward_workspace_size(const kla_backward_params* p) {

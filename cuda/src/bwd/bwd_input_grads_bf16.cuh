@@ -28,6 +28,7 @@
 
 #include "bwd/bwd_grads_parts.cuh"
 #include "bwd/bwd_warp_tile_bf16.cuh"
+#include "layout/saved_states.hpp"
 
 namespace kla::kernels {
 
@@ -165,6 +166,20 @@ __device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const 
   t1_sum[i] = (first ? 0.f : t1_sum[i]) + beta[i] * vdr;
 }
 
+/// Where a head reads its chunk's S (and U, K V elements on): the record's bf16 tiles that the
+/// state scan wrote (BwdRecord::b_s, b_u), or, for kla_chunk_backward_saved (bp.f.saved), the
+/// forward's saved record of the same chunk slot and value head (layout/saved_states.hpp: the
+/// same tiles, S then U), for the record rec.
+__device__ __forceinline__ const __nv_bfloat16* bwd_bf16_states(const BwdParams& bp,
+                                                                const float* rec) {
+  using namespace bwd_bf16;
+  constexpr BwdRecord R(K, V);
+  static_assert(R.b_u == R.b_s + K * V, "U follows S, as in a saved record");
+  if (bp.f.saved == nullptr) return reinterpret_cast<const bf16*>(rec) + R.b_s;
+  return static_cast<const bf16*>(bp.f.saved) +
+         ((rec - bp.ws) / R.floats) * saved_record_elems(K, V);
+}
+
 /// The gradients of one value head's chunk (pt, L > 0), value head j of its key head's bp.group;
 /// dq, dk once the key head's last value head is done (bwd_input_grads_bf16_kernel); rec its
 /// record. The block's previous head copied in this head's dO, U and dU where rows_copied (it was
@@ -230,11 +245,11 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     if (!rows_copied) {
       cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
       cp_tile_bf16<V>(dUb, PB, rb + R.b_du, C);
-      cp_tile_bf16<V>(Ub, PB, rb + R.b_u, C);
+      cp_tile_bf16<V>(Ub, PB, bwd_bf16_states(bp, rec) + K * V, C);
     }
     if (!states_copied) {
       cp_tile_bf16<C>(Aib, PBC, rb + R.b_ainv, C);
-      cp_tile_bf16<V>(Sb, PB, rb + R.b_s, K);
+      cp_tile_bf16<V>(Sb, PB, bwd_bf16_states(bp, rec), K);
       cp_tile_bf16<V>(dSb, PB, rb + R.b_ds, K);
     }
     cp_commit();
@@ -357,12 +372,13 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   }
   __syncthreads();  // Pm, Z, the parts of the sums complete; regions 0 and 1 are free
   if (next) {
-    if (!KLA_MUTANT(bwd_grads_next_states_skipped)) cp_tile_bf16<V>(Sb, PB, next_rb + R.b_s, K);
+    if (!KLA_MUTANT(bwd_grads_next_states_skipped))
+      cp_tile_bf16<V>(Sb, PB, bwd_bf16_states(bp, next), K);
     cp_tile_bf16<V>(dSb, PB, next_rb + R.b_ds, K);
     if (j + 1 < bp.group) {  // the same chunk's next value head: region 0 too
       cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv + 1, L);
       cp_tile_bf16<V>(dUb, PB, next_rb + R.b_du, C);
-      cp_tile_bf16<V>(Ub, PB, next_rb + R.b_u, C);
+      cp_tile_bf16<V>(Ub, PB, bwd_bf16_states(bp, next) + K * V, C);
     }
     cp_commit();
   }

@@ -74,7 +74,10 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   const KernelParams& p = bp.f;
   const dim3 scans(unsigned(int64_t(p.N) * p.HV * (p.V / VS)));
   const int64_t smem = bwd_scan_smem(p.K, VS);
-  if (p.max_chunks > 0) {
+  // Saved states (kla_chunk_backward_saved, bf16 kernels only): the forward wrote S and U, so no
+  // state scan runs; the state-gradient scan then follows the prep, as with no chunks.
+  const bool saved = p.saved != nullptr;
+  if (p.max_chunks > 0 && !saved) {
     what = "the backward state scan";
     if constexpr (kBwdBf16Record<E, kFast, kHD>) {
       static_assert(VS == 32, "the bf16 state scan's slice");
@@ -94,7 +97,7 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   if constexpr (kBwdBf16Record<E, kFast, kHD>) {
     // Beside the state scan launched just above; with no chunks there is none, and the kernel
     // before it in the stream is the caller's, whose writes (d_final_state) it reads at its start.
-    if (p.max_chunks == 0)
+    if (p.max_chunks == 0 || saved)
       return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(),
                         bp, stream);
     return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, scans,

@@ -220,10 +220,13 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
         warp_tile_mma<false, false>(w, Wl, PBC, i0, Kb, PB, n0, i0 + 16);
         bf16* const rb = reinterpret_cast<bf16*>(rec);
         store_tile_split(rb + R.b_wh, rb + R.b_wl, PB, i0, n0, w);  // for both scans
-        float u[4][4] = {};
-        warp_tile_mma<false, false>(u, Uh, PBC, i0, Vb, PB, n0, i0 + 16);
-        warp_tile_mma<false, false>(u, Ul, PBC, i0, Vb, PB, n0, i0 + 16);
-        store_tile_sliced(rec + R.u, C, i0, n0, u);
+        // U0 is the state scan's alone, which does not run where the forward saved S and U.
+        if (bp.f.saved == nullptr) {
+          float u[4][4] = {};
+          warp_tile_mma<false, false>(u, Uh, PBC, i0, Vb, PB, n0, i0 + 16);
+          warp_tile_mma<false, false>(u, Ul, PBC, i0, Vb, PB, n0, i0 + 16);
+          store_tile_sliced(rec + R.u, C, i0, n0, u);
+        }
       }
       {  // W's padding, and in the key head's first value head's record the raw keys, as the scans
          // copy them in (bwd_bf16_record_fits)

@@ -31,6 +31,7 @@ enum class KernelMutant : int {
   bwd_prep_next_chunk_keys_skipped,  // bwd/bwd_prep_bf16.cuh: a block's next chunk's K not fetched
   bwd_grads_next_states_skipped,     // bwd/bwd_input_grads_bf16.cuh: the next head's S not fetched
   split_fold_transition_skipped,     // cp/segments.cu: the fold carries L alone (S_in = L)
+  saved_u_update_scaled,             // scan/wy_scan.cuh: the saved U keeps step B's update scale
   count
 };
 
@@ -55,7 +56,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_scan_keys_own_record",
                                                      "bwd_prep_next_chunk_keys_skipped",
                                                      "bwd_grads_next_states_skipped",
-                                                     "split_fold_transition_skipped"};
+                                                     "split_fold_transition_skipped",
+                                                     "saved_u_update_scaled"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 

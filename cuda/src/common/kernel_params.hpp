@@ -40,6 +40,11 @@ struct KernelParams {
   // where the prep writes none.
   char* ws_images;
   int max_chunks;
+  // Saved states (kla_chunk_forward_saving / kla_chunk_backward_saved; bf16 at K = V = 128): per
+  // (chunk slot, value head) the chunk's incoming state S [K][V], then U [64][V], bf16
+  // (layout/saved_states.hpp). The WY scan compiled to save writes them; the backward's input
+  // gradients read them instead of its own state scan's. Null everywhere else.
+  void* saved;
 };
 
 }  // namespace kla::kernels

@@ -16,11 +16,11 @@
 
 namespace kla::kernels {
 
-template <class E, int KD, int VS>
+template <class E, int KD, int VS, bool kSave = false>
 cudaError_t launch_wy_scan(const KernelParams& p, cudaStream_t stream, const CUtensorMap& kmap,
                            const CUtensorMap& qmap, const CUtensorMap& vmap, const char*& what) {
   constexpr int64_t bytes = wy_scan_smem_bytes(elem_of<E>(), KD, VS);
-  const auto kern = chunk_wy_scan_kernel<E, KD, VS>;
+  const auto kern = chunk_wy_scan_kernel<E, KD, VS, kSave>;
   what = "the WY scan";
   const cudaError_t e =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
@@ -87,6 +87,15 @@ cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_
       <<<dim3(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N)), kWyPrepThreads,
          size_t(prep_bytes), stream>>>(p, reinterpret_cast<char*>(p.ws));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  // Saved states (p.saved): the scan compiled to write them; the entry point planned WY at 32
+  // columns for this dtype and head dim (kla_chunk_forward_saving).
+  if (p.saved != nullptr) {
+    if constexpr (std::is_same_v<E, __nv_bfloat16> && KD == kSavedHeadDim)
+      if (!transposed && VS == kSavedValueSlice)
+        return launch_wy_scan<E, KD, kSavedValueSlice, true>(p, stream, kmap, qmap, vmap, what);
+    what = "the WY launcher (no saving scan for the plan's dtype, head dim or tiling)";
+    return cudaErrorInvalidConfiguration;
+  }
   if constexpr (kTransposable)
     if (transposed)
       return KLA_HOST_MUTANT(fast_in_accurate) || plan.arithmetic == KLA_ARITHMETIC_FAST

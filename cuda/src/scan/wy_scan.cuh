@@ -33,6 +33,11 @@
 // magnitude: the recurrence warps' partial maxima meet in shared memory, one more named barrier
 // each), the scale undone on K S, Q S and K^T X (exact), as the transposed scan does per row. V and
 // the norms are fp32 as given. Deterministic: fixed orders, no atomics.
+//
+// kSave (bf16, K = V = 128, VS = 32 only; kla_chunk_forward_saving): the scan also writes what the
+// backward would recompute (layout/saved_states.hpp) to p.saved: the state warps each chunk's
+// incoming state from their accumulators, step B's warps U = T R before its update scale, both
+// rounded to bf16. Stores only: the outputs and the state are bitwise those of kSave = false.
 #pragma once
 
 #include <type_traits>
@@ -45,6 +50,7 @@
 #include "arch/split.cuh"
 #include "arch/wgmma.cuh"
 #include "epilogue/state_io.cuh"
+#include "layout/saved_states.hpp"
 #include "layout/wy_layout.hpp"
 #include "scan/wy_products.cuh"
 
@@ -108,7 +114,7 @@ __device__ __forceinline__ float lane_column_scale(const float* colmax, int lane
   return fp16_range_scale(m);
 }
 
-template <class E, int KD, int VS>
+template <class E, int KD, int VS, bool kSave = false>
 __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
     chunk_wy_scan_kernel(const KernelParams p, const char* __restrict__ ws,
                          const __grid_constant__ CUtensorMap kmap,
@@ -141,6 +147,9 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   static_assert(R::bytes % 1024 == 0 && kStage % 1024 == 0 && kTile % 1024 == 0,
                 "swizzled TMA boxes need 1024 B alignment");
   static_assert(MT <= kWyRecWarps && kWyReadWarps == 4, "warp roles");
+  static_assert(
+      !kSave || (std::is_same_v<E, __nv_bfloat16> && KD == kSavedHeadDim && VS == kSavedValueSlice),
+      "saved states: bf16 at K = V = 128, 32-column slices (layout/saved_states.hpp)");
   extern __shared__ __align__(1024) char smem[];
   // Stage st: record (T_hi, T_lo, PT_hi, PT_lo, scalars) | K, Q, each [KD/64 panels][64][128 B
   // swizzled] (kmajor_sw128_offset with 64 rows a panel: wgmma operands, 128-byte TMA box rows;
@@ -195,6 +204,11 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
   const int nch = int((sr.len + C - 1) / C);
   E* obase = static_cast<E*>(p.o) + sr.b * p.os[0] + int64_t(hv) * p.os[2] + c0;
   const int64_t rec_bytes = p.ws_record_floats * 4;
+  // kSave: chunk ch's saved record (S [KD][V], then U [C][V]) at this slice's first column.
+  auto saved_at = [&](int ch) {
+    return static_cast<__nv_bfloat16*>(p.saved) +
+           (chunk_slot(p, n, sr, ch) * p.HV + hv) * saved_record_elems(KD, KD) + c0;
+  };
 
   if (tid == 0)
     for (int st = 0; st < kStages; ++st) mbar_init(&full[st], 1);
@@ -328,6 +342,20 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
     const int64_t cs0 = int64_t(ch) * C;
     const int L = int(sr.len - cs0 < C ? sr.len - cs0 : C);
     const int64_t tb = sr.t0 + cs0;
+    if constexpr (kSave) {
+      // The state entering chunk ch, as the accumulators hold it (rows srow * 16 + g (+8),
+      // columns scol + nj * 8 + 2 t4 (+1)).
+      if (state_warp) {
+        __nv_bfloat16* const sv = saved_at(ch);
+#pragma unroll
+        for (int nj = 0; nj < SNJ; ++nj)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr)
+            *reinterpret_cast<__nv_bfloat162*>(sv + (srow * 16 + g + 8 * hr) * KD + scol + nj * 8 +
+                                               2 * t4) =
+                __floats2bfloat162_rn(sacc[nj][2 * hr], sacc[nj][2 * hr + 1]);
+      }
+    }
     KLA_WY_MARK(6);
     mbar_wait(&full[st], unsigned(ch / kStages) & 1u);
     KLA_WY_MARK(0);
@@ -446,6 +474,19 @@ __global__ void __launch_bounds__(wy_scan_threads(elem_of<E>()), 1)
         for (int nt = 0; nt < NH; ++nt)
           store_tile_kmajor(Xs, mi * 16, n0 + nt * 8, w0 * x(nt, 0), w0 * x(nt, 1), w1 * x(nt, 2),
                             w1 * x(nt, 3));
+        if constexpr (kSave) {  // U = T R (rows mi * 16 + g (+8)), before the update scale
+          __nv_bfloat16* const uv = saved_at(ch) + KD * KD;
+#pragma unroll
+          for (int nt = 0; nt < NH; ++nt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              // (The mutant keeps the update scale, X's rows instead of U's.)
+              const float f = KLA_MUTANT(saved_u_update_scaled) ? (hr ? w1 : w0) : 1.f;
+              *reinterpret_cast<__nv_bfloat162*>(uv + (mi * 16 + g + 8 * hr) * KD + n0 + nt * 8 +
+                                                 2 * t4) =
+                  __floats2bfloat162_rn(f * x(nt, 2 * hr), f * x(nt, 2 * hr + 1));
+            }
+        }
         fence_proxy_async_shared();  // X for step C's wgmma, after the barrier
       }
       KLA_WY_MARK(4);
