@@ -7,7 +7,9 @@ Dumps both with `cuobjdump -sass` (on PATH), splits the listing per (architectur
 reports kernels that are missing on either side or whose instruction lists differ. A refactor
 that must not change the kernels' arithmetic (docs/architecture.md) shows "identical" for every
 kernel. --rename maps a kernel renamed by the refactor (a substring of its mangled name) so the
-pair is compared. Exit status 1 when anything differs.
+pair is compared. --ignore-param-offsets reads every kernel-parameter operand (c[0x0][offset]) as
+the same: a field appended to a parameter struct moves the parameters after it, which changes those
+offsets and nothing else. Exit status 1 when anything differs.
 """
 import argparse
 import re
@@ -15,7 +17,10 @@ import subprocess
 import sys
 
 
-def kernels(path):
+PARAM_OPERAND = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
+
+
+def kernels(path, ignore_param_offsets=False):
     text = subprocess.run(["cuobjdump", "-sass", path], check=True, capture_output=True,
                           text=True).stdout
     out, arch, key, body = {}, "?", None, []
@@ -32,6 +37,8 @@ def kernels(path):
         if key and re.search(r"/\*[0-9a-f]{4,}\*/", line):
             # The instruction alone: the address comment and the encoding words go.
             ins = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).split(";")[0].strip()
+            if ins and ignore_param_offsets:
+                ins = PARAM_OPERAND.sub("c[0x0][param]", ins)
             if ins:
                 body.append(ins)
     if key:
@@ -44,8 +51,10 @@ def main():
     ap.add_argument("old")
     ap.add_argument("new")
     ap.add_argument("--rename", action="append", default=[])
+    ap.add_argument("--ignore-param-offsets", action="store_true")
     a = ap.parse_args()
-    old, new = kernels(a.old), kernels(a.new)
+    old = kernels(a.old, a.ignore_param_offsets)
+    new = kernels(a.new, a.ignore_param_offsets)
     renames = [r.split("=", 1) for r in a.rename]
 
     def mapped(key):

@@ -166,16 +166,15 @@ __device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const 
   t1_sum[i] = (first ? 0.f : t1_sum[i]) + beta[i] * vdr;
 }
 
-/// Where a head reads its chunk's S (and U, K V elements on): the record's bf16 tiles that the
-/// state scan wrote (BwdRecord::b_s, b_u), or, for kla_chunk_backward_saved (bp.f.saved), the
-/// forward's saved record of the same chunk slot and value head (layout/saved_states.hpp: the
-/// same tiles, S then U), for the record rec.
-__device__ __forceinline__ const __nv_bfloat16* bwd_bf16_states(const BwdParams& bp,
-                                                                const float* rec) {
+/// kla_chunk_backward_saved (kSaved: the kernel instantiated for bp.f.saved): where a head reads
+/// its chunk's S (and U, K V elements on) for the record rec, the forward's saved record of the
+/// same chunk slot and value head (layout/saved_states.hpp: the record's bf16 S and U tiles,
+/// BwdRecord::b_s and b_u, as the state scan writes them there otherwise).
+__device__ __forceinline__ const __nv_bfloat16* bwd_saved_states(const BwdParams& bp,
+                                                                 const float* rec) {
   using namespace bwd_bf16;
   constexpr BwdRecord R(K, V);
   static_assert(R.b_u == R.b_s + K * V, "U follows S, as in a saved record");
-  if (bp.f.saved == nullptr) return reinterpret_cast<const bf16*>(rec) + R.b_s;
   return static_cast<const bf16*>(bp.f.saved) +
          ((rec - bp.ws) / R.floats) * saved_record_elems(K, V);
 }
@@ -186,7 +185,7 @@ __device__ __forceinline__ const __nv_bfloat16* bwd_bf16_states(const BwdParams&
 /// the same chunk's), and its A^-1, S and dS where states_copied. `next`: the record of the
 /// block's next head (null if none), whose A^-1, S and dS this head copies in once its own last
 /// reads of them are done, and its dO, U and dU where it is this chunk's next value head.
-template <class E>
+template <class E, bool kSaved>
 __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, const PrepTile& pt,
                                                           int j, float* rec, bool rows_copied,
                                                           bool states_copied, const float* next) {
@@ -245,11 +244,11 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     if (!rows_copied) {
       cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
       cp_tile_bf16<V>(dUb, PB, rb + R.b_du, C);
-      cp_tile_bf16<V>(Ub, PB, bwd_bf16_states(bp, rec) + K * V, C);
+      cp_tile_bf16<V>(Ub, PB, kSaved ? bwd_saved_states(bp, rec) + K * V : rb + R.b_u, C);
     }
     if (!states_copied) {
       cp_tile_bf16<C>(Aib, PBC, rb + R.b_ainv, C);
-      cp_tile_bf16<V>(Sb, PB, bwd_bf16_states(bp, rec), K);
+      cp_tile_bf16<V>(Sb, PB, kSaved ? bwd_saved_states(bp, rec) : rb + R.b_s, K);
       cp_tile_bf16<V>(dSb, PB, rb + R.b_ds, K);
     }
     cp_commit();
@@ -373,12 +372,12 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   __syncthreads();  // Pm, Z, the parts of the sums complete; regions 0 and 1 are free
   if (next) {
     if (!KLA_MUTANT(bwd_grads_next_states_skipped))
-      cp_tile_bf16<V>(Sb, PB, bwd_bf16_states(bp, next), K);
+      cp_tile_bf16<V>(Sb, PB, kSaved ? bwd_saved_states(bp, next) : next_rb + R.b_s, K);
     cp_tile_bf16<V>(dSb, PB, next_rb + R.b_ds, K);
     if (j + 1 < bp.group) {  // the same chunk's next value head: region 0 too
       cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv + 1, L);
       cp_tile_bf16<V>(dUb, PB, next_rb + R.b_du, C);
-      cp_tile_bf16<V>(Ub, PB, bwd_bf16_states(bp, next) + K * V, C);
+      cp_tile_bf16<V>(Ub, PB, kSaved ? bwd_saved_states(bp, next) + K * V : next_rb + R.b_u, C);
     }
     cp_commit();
   }
@@ -446,7 +445,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
 /// Each head copies in the next one's A^-1, S and dS (the next chunk's first head's after a
 /// chunk's last) and, within a chunk, its dO, U and dU: the gradients are those of one block per
 /// chunk, bitwise.
-template <class E>
+template <class E, bool kSaved = false>
 __global__ void __launch_bounds__(kBwdChunkThreads, 1)
     bwd_input_grads_bf16_kernel(const BwdParams bp) {
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
@@ -467,7 +466,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
                                 : more ? rec + bwd_record_step(bp) - int64_t(j) * bp.rec_floats
                                        : nullptr;
       if (cc > 0 || j > 0) __syncthreads();  // the previous head's last reads of shared memory
-      bwd_input_grads_bf16_head<E>(bp, pt, j, rec, j > 0, states_copied, next);
+      bwd_input_grads_bf16_head<E, kSaved>(bp, pt, j, rec, j > 0, states_copied, next);
       states_copied = next != nullptr;
     }
     if (!more) break;

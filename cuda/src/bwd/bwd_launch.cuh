@@ -118,8 +118,12 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
       // head's products formed once a chunk).
       const dim3 groups(unsigned((p.max_chunks + bp.prep_chunks - 1) / bp.prep_chunks),
                         unsigned(p.H), unsigned(p.N));
-      if (cudaError_t e = bwd_launch(bwd_prep_bf16_kernel<E>, groups, bwd_prep_bf16_smem(), bp,
-                                     stream, kBwdChunkThreads))
+      // Saved states (bp.f.saved): the instantiation without U0 (the state scan's alone).
+      if (cudaError_t e = p.saved != nullptr
+                              ? bwd_launch(bwd_prep_bf16_kernel<E, true>, groups,
+                                           bwd_prep_bf16_smem(), bp, stream, kBwdChunkThreads)
+                              : bwd_launch(bwd_prep_bf16_kernel<E>, groups, bwd_prep_bf16_smem(),
+                                           bp, stream, kBwdChunkThreads))
         return e;
     } else {
       if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast, kHD>, chunks,
@@ -144,6 +148,10 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
     // kernel: no sum kernel.
     const dim3 groups(unsigned((p.max_chunks + bp.grads_chunks - 1) / bp.grads_chunks),
                       unsigned(p.H), unsigned(p.N));
+    // Saved states (bp.f.saved): the instantiation that reads S and U from them.
+    if (p.saved != nullptr)
+      return bwd_launch(bwd_input_grads_bf16_kernel<E, true>, groups, bwd_input_grads_bf16_smem(),
+                        bp, stream, kBwdChunkThreads);
     return bwd_launch(bwd_input_grads_bf16_kernel<E>, groups, bwd_input_grads_bf16_smem(), bp,
                       stream, kBwdChunkThreads);
   } else {

@@ -39,7 +39,7 @@ namespace kla::kernels {
 /// last value head of this one is prepared. The value heads' records are written as one block per
 /// chunk and value head would write them (the same operands, sums and orders: bitwise the same
 /// record).
-template <class E>
+template <class E, bool kSaved = false>
 __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
   static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
@@ -220,8 +220,9 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
         warp_tile_mma<false, false>(w, Wl, PBC, i0, Kb, PB, n0, i0 + 16);
         bf16* const rb = reinterpret_cast<bf16*>(rec);
         store_tile_split(rb + R.b_wh, rb + R.b_wl, PB, i0, n0, w);  // for both scans
-        // U0 is the state scan's alone, which does not run where the forward saved S and U.
-        if (bp.f.saved == nullptr) {
+        // U0 is the state scan's alone, which does not run where the forward saved S and U
+        // (kSaved: the kernel instantiated for kla_chunk_backward_saved).
+        if constexpr (!kSaved) {
           float u[4][4] = {};
           warp_tile_mma<false, false>(u, Uh, PBC, i0, Vb, PB, n0, i0 + 16);
           warp_tile_mma<false, false>(u, Ul, PBC, i0, Vb, PB, n0, i0 + 16);
