@@ -25,6 +25,15 @@ def lib():
         pytest.skip(f"no usable libkla_cuda in this kla package: {e}")
 
 
+@pytest.fixture
+def saving_lib(lib):
+    """The library, where it has the saved-states entry points (kla.h "Saved states")."""
+    if lib.missing:
+        pytest.skip(f"{lib.path} has no {', '.join(lib.missing)} (an ABI 5 library built before "
+                    f"saved states): rebuild it to run this test")
+    return lib
+
+
 class Launched:
     """What the ops passed to the entry points: one (entry name, params dict) per call, and in
     `extra` the arguments between the params and the stream (the saving entry points' saved

@@ -97,14 +97,6 @@ def test_backward_needs_no_gpu_to_refuse(lib):
 
 
 # ---- saved states (kla.h "Saved states"): kla_saved_states_size, host arithmetic ---------------
-@pytest.fixture
-def saving_lib(lib):
-    if lib.missing:
-        pytest.skip(f"{lib.path} has no {', '.join(lib.missing)} (an ABI 5 library built before "
-                    f"saved states): rebuild it to run this test")
-    return lib
-
-
 def _saving_params(lib, *, B=1, T=100, H=2, HV=4, K=128, V=128, cu=None, dtype=torch.bfloat16):
     """A forward call that can save (bf16, FAST, K = V = 128), on CPU tensors standing in for
     device memory; cu: packed cu_seqlens (B = 1), its values as the host and the device copy."""

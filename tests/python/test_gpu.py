@@ -295,6 +295,20 @@ def _capture(fn):
     return graph, out
 
 
+def _expect_replay_matches_eager(step, label):
+    """step() (a training step returning the six leaves' gradients) run eagerly, then captured
+    in a graph whose outputs are poisoned with NaN before one replay: the replay's gradients are
+    the eager ones bit for bit."""
+    eager = [x.clone() for x in step()]
+    graph, grads = _capture(step)
+    for x in grads:
+        x.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, got, want in zip(GRAD_NAMES, grads, eager):
+        assert torch.equal(got, want), f"{label} {name}: the replay differs from eager"
+
+
 def test_cuda_graph_decode_replay():
     B, T, H, HV, K, V = 4, 1, 2, 4, 128, 128
     steps = [inputs(B, T, H, HV, K, V, torch.bfloat16, seed=20 + i) for i in range(3)]
@@ -512,14 +526,7 @@ def test_cuda_graph_training_step(arithmetic):
         ((o.float() * do.float()).sum() + (final * dht).sum()).backward()
         return [x.grad for x in leaves]
 
-    eager = [x.clone() for x in step()]
-    graph, grads = _capture(step)
-    for x in grads:
-        x.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    for name, got, want in zip(("dq", "dk", "dv", "dg", "deta", "dh0"), grads, eager):
-        assert torch.equal(got, want), f"{arithmetic} {name}: the replay differs from eager"
+    _expect_replay_matches_eager(step, arithmetic)
 
 
 @pytest.mark.parametrize("fn", ["chunk_kla", "fused_recurrent_kla"])
@@ -985,11 +992,4 @@ def test_save_states_cuda_graph_training_step():
         ((o.float() * do.float()).sum() + (final * dht).sum()).backward()
         return [x.grad for x in leaves]
 
-    eager = [x.clone() for x in step()]
-    graph, grads = _capture(step)
-    for x in grads:
-        x.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    for name, got, want in zip(GRAD_NAMES, grads, eager):
-        assert torch.equal(got, want), f"save_states {name}: the replay differs from eager"
+    _expect_replay_matches_eager(step, "save_states")

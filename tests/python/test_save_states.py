@@ -221,14 +221,6 @@ def test_a_library_without_saved_states_still_loads_and_says_so():
 
 
 @pytest.fixture
-def saving_lib(lib):
-    if lib.missing:
-        pytest.skip(f"{lib.path} has no {', '.join(lib.missing)} (an ABI 5 library built "
-                    f"before saved states): rebuild it to run this test")
-    return lib
-
-
-@pytest.fixture
 def launched_saving(saving_lib, launched, monkeypatch):
     """conftest.launched, with CPU tensors let through save_states' device check."""
     monkeypatch.setattr(api, "_SAVE_DEVICES", ("cuda", "meta", "cpu"))

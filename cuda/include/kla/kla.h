@@ -354,16 +354,18 @@ KLA_API kla_status kla_chunk_backward(const kla_backward_params* p, kla_stream_t
  * values less what the state predicts, in the normalised-key form), both rounded to bf16 as the
  * backward's own scan rounds them, in records [chunk slot][HV] of (K V + 64 V) bf16 (S [K][V], then
  * U [64][V]; chunk slots as the workspace's): 48 KB a chunk and value head at K = V = 128, 0.75 GiB
- * at 32768 tokens and 32 value heads. The backward then skips that scan (about 12% of its time on
- * an H200, docs/performance.md). Only where the backward runs its bf16 kernels: dtype bf16,
- * arithmetic FAST, K = V = 128, no state pool; the forward then runs the WY path at 32-column
- * slices in one pass (path AUTO or WY, value_slice 0 or 32, segments 0 or 1; a sm_90a device). */
+ * at 32768 tokens and 32 value heads. The backward then skips that scan (12-14% of its time on an
+ * H200 in a timing experiment; docs/performance.md has the status). Only where the backward runs
+ * its bf16 kernels: dtype bf16, arithmetic FAST, K = V = 128, no state pool; the forward then runs
+ * the WY path at 32-column slices in one pass (path AUTO or WY, value_slice 0 or 32, segments 0 or
+ * 1; a sm_90a device). */
 /* Bytes of the saved states of a forward call with these params; 0 where the call cannot save (or
  * p is NULL or unusable); kla_last_error_message then says why. Pure host arithmetic. */
 KLA_API size_t kla_saved_states_size(const kla_params* p);
 /* kla_chunk_forward, also writing the saved states into `saved` (saved_size >=
- * kla_saved_states_size bytes, 16-byte aligned, on the device, overlapping no output). The outputs
- * are those of kla_chunk_forward with path WY and value_slice 32 (the same kernels, bitwise). */
+ * kla_saved_states_size bytes, 16-byte aligned, on the device; like the workspace, it must not
+ * overlap the call's tensors). The outputs are those of kla_chunk_forward with path WY and
+ * value_slice 32 (the same kernels, bitwise). */
 KLA_API kla_status kla_chunk_forward_saving(const kla_params* p, void* saved, size_t saved_size,
                                             kla_stream_t stream);
 /* kla_chunk_backward reading each chunk's S and U from `saved`, written by kla_chunk_forward_saving
