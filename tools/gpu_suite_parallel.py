@@ -43,14 +43,15 @@ COST = {
     "bench": 75, "wgmma_latency": 5,
 }
 MUTANT_COST = 130  # a forward mutant step: test_cuda_kernels (64-147 s in session 28)
-BWD_MUTANT_COST = 185  # a backward one (mutant-bwd_*): test_cuda_backward (157-198 s)
+# a backward one (mutant-bwd_*, mutant-saved_*): test_cuda_backward, 157-198 s
+BWD_MUTANT_COST = 185
 DEFAULT_COST = 60
 
 
 def cost(step):
     if step in COST:
         return COST[step]
-    if step.startswith("mutant-bwd_"):
+    if step.startswith(("mutant-bwd_", "mutant-saved_")):  # both run test_cuda_backward
         return BWD_MUTANT_COST
     return MUTANT_COST if step.startswith("mutant-") else DEFAULT_COST
 
