@@ -115,6 +115,13 @@ bool head_dim_ok(int64_t d) {
 
 }  // namespace
 
+// The saving conditions are bwd_runs_bf16_input_grads' (the kernels that read saved states), one
+// message each.
+static_assert(kla::layout::kSavedHeadDim == kla::layout::kBwdCompiledHeadDim &&
+                  kla::layout::bwd_runs_bf16_input_grads(true, true, kla::layout::kSavedHeadDim,
+                                                         kla::layout::kSavedHeadDim),
+              "saved states are read by the bf16 input gradients");
+
 std::string saved_states_refusal(const kla_params& p) {
   using kla::layout::kSavedHeadDim;
   if (enum_bits(p.dtype) != KLA_DTYPE_BF16)
