@@ -233,7 +233,10 @@ def _save_states(save_states):
 
 # What kla_saved_states_size accepts (kla.h "Saved states"): the backward's bf16 kernels' calls,
 # with the forward on the WY path at 32-column slices in one pass.
-SAVE_HEAD_DIM, SAVE_VALUE_SLICES, SAVE_SEGMENTS = 128, (0, 32), (0, 1)
+SAVE_HEAD_DIM, SAVE_SEGMENTS = 128, (0, 1)
+# The paths with a saving scan and the value slices each takes (0: the plan's), as
+# kla_saved_states_size checks them.
+SAVE_VALUE_SLICES = {P.PATH_AUTO: (0, 32), P.PATH_WY: (0, 32), P.PATH_WY_TRANSPOSED: (0, 64)}
 _SAVE_DEVICES = ("cuda", "meta")  # meta: shapes only (the fake kernels), as the other ops
 
 
@@ -258,13 +261,14 @@ def _check_can_save(q, v, arithmetic, path, value_slice, segments):
     if K != SAVE_HEAD_DIM or V != SAVE_HEAD_DIM:
         raise ValueError(f"kla: {arg} needs head dims K = V = {SAVE_HEAD_DIM} (the backward's "
                          f"bf16 kernels'), got K = {K}, V = {V}")
-    if path not in (P.PATH_AUTO, P.PATH_WY):
-        name = next(n for n, c in P.PATHS.items() if c == path)
-        raise ValueError(f"kla: {arg} runs the forward on the wy path (path 'auto' or 'wy'), "
-                         f"got path={name!r}")
-    if value_slice not in SAVE_VALUE_SLICES:
-        raise ValueError(f"kla: {arg} runs the forward at 32-column value slices (value_slice "
-                         f"0 or 32), got value_slice={value_slice!r}")
+    name = next(n for n, c in P.PATHS.items() if c == path)
+    if path not in SAVE_VALUE_SLICES:
+        raise ValueError(f"kla: {arg} runs the forward on a WY scan that saves (path 'auto', "
+                         f"'wy' or 'wy_transposed'), got path={name!r}")
+    if value_slice not in SAVE_VALUE_SLICES[path]:
+        raise ValueError(f"kla: {arg} on path {name!r} takes value_slice "
+                         f"{' or '.join(map(str, SAVE_VALUE_SLICES[path]))} (the saving scan's "
+                         f"columns), got value_slice={value_slice!r}")
     if segments not in SAVE_SEGMENTS:
         raise ValueError(f"kla: {arg} runs the forward in one pass (segments 0 or 1), got "
                          f"segments={segments!r}")
@@ -387,13 +391,15 @@ def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=Non
     (kla_chunk_forward_saving) also saves each 64-token chunk's incoming state S and its U, in
     bf16, as the backward's own state scan would compute them, and the backward
     (kla_chunk_backward_saved) reads them instead of recomputing them: the same gradients'
-    contract as save_states=False, about 12% faster. The saved states stay alive in the autograd
+    contract as save_states=False, about 15% faster. The saved states stay alive in the autograd
     graph from the forward until the backward has run (or the graph is freed): 48 KB per 64-token
     chunk and value head, 0.75 GiB at 32768 tokens x 32 value heads, on top of what the forward
-    keeps anyway. The outputs are bitwise those of the same call with path='wy', value_slice=32
-    and save_states=False (the same kernels). Valid only where the library can save: CUDA
-    tensors, bf16, arithmetic='fast', K = V = 128, path 'auto' or 'wy', value_slice 0 or 32,
-    segments 0 or 1 (and a sm_90a GPU); anything else raises ValueError naming the condition,
+    keeps anyway. The forward runs in one pass on a scan that saves: the plan's own path where it
+    is 'wy_transposed' or 'wy' at 32 columns, otherwise 'wy' at 32 columns; its outputs are
+    bitwise those of that path with save_states=False (the same kernels). Valid only where the
+    library can save: CUDA tensors, bf16, arithmetic='fast', K = V = 128, path 'auto', 'wy'
+    (value_slice 0 or 32) or 'wy_transposed' (0 or 64), segments 0 or 1 (and a sm_90a GPU);
+    anything else raises ValueError naming the condition,
     checked on every call, never a silent fallback. Where no gradient is needed
     (torch.is_grad_enabled() false, or no input requires grad) there is nothing to save for: the
     ordinary forward runs (the path the plan picks, as with save_states=False).
@@ -443,9 +449,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     cp_context raise NotImplementedError naming the argument. kla extras: arithmetic, path,
     value_slice, segments, save_states (as chunk_kla: save_states=True with bf16,
     arithmetic='fast', K = V = 128 saves each 64-token chunk's state and U for the backward, 48 KB
-    per chunk and value head, 0.75 GiB at 32768 tokens x 32 value heads, for a backward about 12%
-    faster; outputs bitwise those of path='wy', value_slice=32; without a gradient to compute the
-    ordinary forward runs; a call that cannot save raises ValueError saying why).
+    per chunk and value head, 0.75 GiB at 32768 tokens x 32 value heads, for a backward about 15%
+    faster; outputs bitwise those of save_states=False on the saving scan chunk_kla names; without
+    a gradient to compute the ordinary forward runs; a call that cannot save raises ValueError
+    saying why).
     """
     state_v_first = _state_v_first_alias(kwargs, state_v_first)
     _check_kwargs(kwargs, "chunk_gated_delta_rule")

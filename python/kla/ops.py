@@ -194,7 +194,8 @@ def chunk_fwd_saving_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
                           value_slice: int, segments: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """chunk_fwd's (o, final_state) through kla_chunk_forward_saving, plus `saved`: each chunk's
     incoming state and U (kla.h "Saved states"), a uint8 tensor for chunk_bwd_saved. The outputs
-    are kla_chunk_forward's with path WY and value_slice 32. Only calls the library can save
+    are kla_chunk_forward's on the scan it saves with (the plan's where it is wy_transposed or wy
+    at 32 columns, else wy at 32). Only calls the library can save
     (bf16, FAST, K = V = 128; api.py checks them first): any other is refused."""
     o = _out(v)
     final = _final_state(q, v, cu_seqlens, output_final_state)
@@ -347,13 +348,18 @@ def chunk_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], eta: Op
 chunk_bwd = torch.library.custom_op("kla::chunk_bwd", chunk_bwd_impl, mutates_args=())
 
 
-@chunk_bwd.register_fake
-def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
-      coefficient, readout, do, dht, arithmetic=P.ARITHMETIC_ACCURATE):
+def _gradient_shapes(q, k, v, g, eta, initial_state):
+    """The fake backwards' outputs: (dq, dk, dv, dg, deta, dh0) shaped as chunk_bwd_impl's."""
     def like(t):
         return torch.empty_like(t) if t is not None else q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(g), like(eta),
             like(initial_state))
+
+
+@chunk_bwd.register_fake
+def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
+      coefficient, readout, do, dht, arithmetic=P.ARITHMETIC_ACCURATE):
+    return _gradient_shapes(q, k, v, g, eta, initial_state)
 
 
 # ---- kla::chunk_bwd_saved: chunk_bwd from chunk_fwd_saving's states -------------------------
@@ -378,10 +384,7 @@ chunk_bwd_saved = torch.library.custom_op("kla::chunk_bwd_saved", chunk_bwd_save
 @chunk_bwd_saved.register_fake
 def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
       coefficient, readout, do, dht, arithmetic, saved):
-    def like(t):
-        return torch.empty_like(t) if t is not None else q.new_empty(0, dtype=torch.float32)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(g), like(eta),
-            like(initial_state))
+    return _gradient_shapes(q, k, v, g, eta, initial_state)
 
 
 # ---- autograd -------------------------------------------------------------------------------

@@ -353,11 +353,14 @@ class DeviceBackward {
     return raw;
   }
 
-  /// The forward with saved states (kla_chunk_forward_saving: its own o, workspace and saved
-  /// buffer, the forward's final state not asked for), then `bp` through kla_chunk_backward_saved
-  /// on outputs poisoned with NaN; what it wrote. Throws on a failing status.
-  std::array<std::vector<unsigned char>, kGrads> run_saved(const kla_backward_params& bp) {
+  /// The forward with saved states (kla_chunk_forward_saving on `path`: its own o, workspace and
+  /// saved buffer, the forward's final state not asked for), then `bp` through
+  /// kla_chunk_backward_saved on outputs poisoned with NaN; what it wrote. Throws on a failing
+  /// status.
+  std::array<std::vector<unsigned char>, kGrads> run_saved(const kla_backward_params& bp,
+                                                           kla_path path) {
     kla_params f = bp.forward;
+    f.path = path;
     f.o = fw_.o;
     f.final_state = nullptr;
     const std::size_t ws_bytes = kla_workspace_size(&f), saved_bytes = kla_saved_states_size(&f);
@@ -774,26 +777,33 @@ std::vector<Case> cases_for(kla_dtype dt, kla_arithmetic arith) {
 }
 
 /// Runs every case of a dtype on the device in arithmetic `arith`, then the reference of all their
-/// heads at once (on every CPU core, the longest heads first), and compares. `from_saved`: the
-/// cases at K = V = 128 alone, each through kla_chunk_forward_saving and kla_chunk_backward_saved
-/// (bf16 FAST: the only calls that save), held to the same bounds as the backward that recomputes
-/// (the saved S and U come from the forward's scan, whose products are at least as fine as the
-/// backward's state scan's; both round them to bf16 alike).
+/// heads at once (on every CPU core, the longest heads first), and compares. `saving_paths`, if
+/// any: the cases at K = V = 128 alone, each through kla_chunk_forward_saving on each of these
+/// forward paths and kla_chunk_backward_saved (bf16 FAST: the only calls that save), held to the
+/// same bounds as the backward that recomputes (the saved S and U come from the forward's scan,
+/// whose products are at least as fine as the backward's state scan's; both round them to bf16
+/// alike).
 void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITHMETIC_ACCURATE,
-                                  bool from_saved = false) {
+                                  const std::vector<kla_path>& saving_paths = {}) {
+  const bool from_saved = !saving_paths.empty();
   std::printf("kla backward %s %s%s: base seed %llu\n", dtype_name(dt), arithmetic_name(arith),
               from_saved ? " from saved states" : "", static_cast<unsigned long long>(base_seed()));
   std::vector<Problem> problems;
   for (const Case& k : cases_for(dt, arith))
     if (!from_saved || (k.cfg.K == 128 && k.cfg.V == 128)) problems.push_back(make_problem(k));
-  std::vector<Gradients> got(problems.size());
-  std::vector<bool> padding_ok(problems.size());
+  // got[i][r]: problem i's gradients from run r (the plain backward, or one a saving path).
+  const std::size_t runs = from_saved ? saving_paths.size() : 1;
+  std::vector<std::vector<Gradients>> got(problems.size(), std::vector<Gradients>(runs));
+  std::vector<bool> padding_ok(problems.size(), true);
   for (std::size_t i = 0; i < problems.size(); ++i) {
     DeviceBackward dev(problems[i]);
-    bool ok = true;
-    got[i] = gather_outputs(problems[i],
-                            from_saved ? dev.run_saved(dev.params()) : dev.run(dev.params()), ok);
-    padding_ok[i] = ok;
+    for (std::size_t r = 0; r < runs; ++r) {
+      bool ok = true;
+      got[i][r] = gather_outputs(
+          problems[i],
+          from_saved ? dev.run_saved(dev.params(), saving_paths[r]) : dev.run(dev.params()), ok);
+      padding_ok[i] = padding_ok[i] && ok;
+    }
   }
 
   struct Task {
@@ -821,35 +831,42 @@ void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITH
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const Problem& p = problems[i];
     const Gradients ref = assemble_reference(p, heads[i]);
-    const std::string what = describe(p);
-    EXPECT_TRUE(padding_ok[i]) << what << ": wrote into the padding of dq, dk or dv "
-                               << rerun_hint();
-    for (int g = 0; g < kGrads; ++g) {
-      if (!requested(p, Grad(g))) continue;
-      const bool in_dtype = g == kDq || g == kDk || g == kDv;
-      double largest = 0;
-      for (double x : ref[g]) largest = std::max(largest, std::abs(x));
-      if (in_dtype && largest >= largest_finite(dt)) {  // the case's fault, not the kernel's
-        ADD_FAILURE() << kGradNames[g] << " of " << what << " reaches " << largest
-                      << ", beyond the largest finite " << dtype_name(dt)
-                      << ": the case's inputs need a smaller range " << rerun_hint();
-        continue;
+    for (std::size_t r = 0; r < runs; ++r) {
+      const std::string what = describe(p) + (from_saved ? std::string(", saved by path ") +
+                                                               kla_path_name(saving_paths[r])
+                                                         : std::string());
+      if (r == 0)
+        EXPECT_TRUE(padding_ok[i])
+            << what << ": wrote into the padding of dq, dk or dv " << rerun_hint();
+      for (int g = 0; g < kGrads; ++g) {
+        if (!requested(p, Grad(g))) continue;
+        const bool in_dtype = g == kDq || g == kDk || g == kDv;
+        double largest = 0;
+        for (double x : ref[g]) largest = std::max(largest, std::abs(x));
+        if (in_dtype && largest >= largest_finite(dt)) {  // the case's fault, not the kernel's
+          ADD_FAILURE() << kGradNames[g] << " of " << what << " reaches " << largest
+                        << ", beyond the largest finite " << dtype_name(dt)
+                        << ": the case's inputs need a smaller range " << rerun_hint();
+          continue;
+        }
+        bool ref_zero = false;
+        const double rel = relative_rms(got[i][r][g], ref[g], ref_zero);
+        const double bound = bound_for(p, Grad(g), ref[g]);
+        const bool ok = rel <= bound;
+        // n_h and G_max too, so the constants can be fitted to the measured table (file comment).
+        std::printf(
+            "  %-32s %-4s %-4s %-8s%s rel-RMS %.3e  bound %.3e  rd %.3e  n_h %d  G_max %.3g%s%s\n",
+            p.c.name.c_str(), dtype_name(dt), kGradNames[g], arithmetic_name(arith),
+            from_saved ? (saving_paths[r] == KLA_PATH_WY_TRANSPOSED ? " saved-T " : " saved-WY")
+                       : "",
+            rel, bound, rounding_cost(in_dtype ? dt : KLA_DTYPE_FP32, ref[g]),
+            std::max(1, (p.d.cfg.longest() + kChunkLen - 1) / kChunkLen), p.g_max,
+            ref_zero ? "  (ref 0: exact 0)" : "", ok ? "" : "  FAIL");
+        EXPECT_LE(rel, bound) << kGradNames[g] << " of " << what
+                              << (ref_zero ? ": the reference is 0, the kernel's is not" : "")
+                              << " " << rerun_hint();
+        if (!ref_zero && !from_saved) worst_ledger().add(arith, dt, Grad(g), rel, bound, p.c.name);
       }
-      bool ref_zero = false;
-      const double rel = relative_rms(got[i][g], ref[g], ref_zero);
-      const double bound = bound_for(p, Grad(g), ref[g]);
-      const bool ok = rel <= bound;
-      // n_h and G_max too, so the constants can be fitted to the measured table (file comment).
-      std::printf(
-          "  %-32s %-4s %-4s %-8s rel-RMS %.3e  bound %.3e  rd %.3e  n_h %d  G_max %.3g%s%s\n",
-          p.c.name.c_str(), dtype_name(dt), kGradNames[g], arithmetic_name(arith), rel, bound,
-          rounding_cost(in_dtype ? dt : KLA_DTYPE_FP32, ref[g]),
-          std::max(1, (p.d.cfg.longest() + kChunkLen - 1) / kChunkLen), p.g_max,
-          ref_zero ? "  (ref 0: exact 0)" : "", ok ? "" : "  FAIL");
-      EXPECT_LE(rel, bound) << kGradNames[g] << " of " << what
-                            << (ref_zero ? ": the reference is 0, the kernel's is not" : "") << " "
-                            << rerun_hint();
-      if (!ref_zero && !from_saved) worst_ledger().add(arith, dt, Grad(g), rel, bound, p.c.name);
     }
   }
 }
@@ -882,18 +899,22 @@ TEST(CudaBackward, FastBf16AgainstMpfr) {
 
 /// The backward from the forward's saved states (kla.h "Saved states"): every K = V = 128 case
 /// of FastBf16AgainstMpfr (dense and packed, grouped value heads up to 4, 16 value heads, with and
-/// without an initial state and dS_T), the same bounds. The kernel mutant saved_u_update_scaled
-/// (the saved U scaled by the update factors) fails here.
+/// without an initial state and dS_T), saved by each saving scan (WY at 32 columns, and the
+/// transposed scan), the same bounds. The kernel mutant saved_u_update_scaled (the saved U scaled
+/// by the update factors, in both scans) fails here.
 TEST(CudaBackward, FastBf16FromSavedStatesAgainstMpfr) {
   KLA_REQUIRE_GPU();
-  expect_cases_match_reference(KLA_DTYPE_BF16, KLA_ARITHMETIC_FAST, /*from_saved=*/true);
+  expect_cases_match_reference(KLA_DTYPE_BF16, KLA_ARITHMETIC_FAST,
+                               {KLA_PATH_WY, KLA_PATH_WY_TRANSPOSED});
 }
 
-/// The saving forward is the WY path at 32 columns with stores added: its o and final state are
-/// bitwise kla_chunk_forward's with path WY and value_slice 32, and each sequence's first saved
-/// state is its initial state rounded to bf16 (round to nearest even, computed here).
-TEST(CudaBackward, ForwardSavingMatchesWyForward) {
-  KLA_REQUIRE_GPU();
+/// The saving forward is a forward scan with stores added: on path `saving` (AUTO: the plan's
+/// choice) its o and final state are bitwise kla_chunk_forward's on path `plain` at `plain_slice`
+/// columns, and each sequence's first saved state is its initial state rounded to bf16 (round to
+/// nearest even, computed here).
+void expect_forward_saving_matches(kla_path saving, kla_path plain, int plain_slice,
+                                   const char* rule) {
+  SCOPED_TRACE(std::string("saving path ") + kla_path_name(saving) + ": " + rule);
   Case k{"saving", {}, Decay::mild, true, true, KLA_ARITHMETIC_FAST};
   Config& c = k.cfg;
   c.dtype = KLA_DTYPE_BF16;
@@ -905,12 +926,13 @@ TEST(CudaBackward, ForwardSavingMatchesWyForward) {
   const Problem p = make_problem(k);
   DeviceProblem dp(p.d);
   kla_params f = dp.params();
-  f.path = KLA_PATH_WY, f.value_slice = 32;
+  f.path = plain, f.value_slice = plain_slice;
   dp.poison();
   ASSERT_EQ(kla_chunk_forward(&f, nullptr), KLA_SUCCESS) << kla_last_error_message();
   KLA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> o_wy = dp.download_o(), s_wy = dp.download_state();
-  kla_params fs = dp.params();  // path AUTO: the saving entry plans WY at 32 columns itself
+  kla_params fs = dp.params();
+  fs.path = saving;
   const std::size_t bytes = kla_saved_states_size(&fs);
   ASSERT_GT(bytes, 0u) << kla_last_error_message();
   void* saved = nullptr;
@@ -925,9 +947,9 @@ TEST(CudaBackward, ForwardSavingMatchesWyForward) {
   KLA_CUDA_CHECK(cudaMemcpy(host.data(), saved, bytes, cudaMemcpyDeviceToHost));
   cudaFree(saved);
   EXPECT_EQ(std::memcmp(o_wy.data(), o_sv.data(), o_wy.size() * sizeof(float)), 0)
-      << "o differs from the WY forward's";
+      << "o differs from the plain forward's on path " << kla_path_name(plain);
   EXPECT_EQ(std::memcmp(s_wy.data(), s_sv.data(), s_wy.size() * sizeof(float)), 0)
-      << "the final state differs from the WY forward's";
+      << "the final state differs from the plain forward's on path " << kla_path_name(plain);
   // Chunk slots of packed sequences start at cu[n] / 64 + n (layout/chunk_geometry.hpp).
   auto bf16_bits = [](float x) {  // round to nearest even (finite x)
     std::uint32_t u;
@@ -935,7 +957,7 @@ TEST(CudaBackward, ForwardSavingMatchesWyForward) {
     return std::uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
   };
   const int64_t rec = int64_t(c.K) * c.V + int64_t(kChunkLen) * c.V, KV = int64_t(c.K) * c.V;
-  int mismatches = 0;
+  int mismatches = 0, unwritten = 0;
   for (int n = 0; n < c.N(); ++n) {
     if (c.cu_seqlens[n + 1] == c.cu_seqlens[n]) continue;
     const int64_t slot = c.cu_seqlens[n] / kChunkLen + n;
@@ -944,8 +966,41 @@ TEST(CudaBackward, ForwardSavingMatchesWyForward) {
         const std::uint16_t want = bf16_bits(p.d.s0[(int64_t(n) * c.HV + hv) * KV + e]);
         if (host[std::size_t((slot * c.HV + hv) * rec + e)] != want) ++mismatches;
       }
+    // Every element of every chunk's record written (the buffer was all NaN, 0xFFFF).
+    const int64_t chunks = (c.cu_seqlens[n + 1] - c.cu_seqlens[n] + kChunkLen - 1) / kChunkLen;
+    for (int64_t ch = 0; ch < chunks; ++ch)
+      for (int hv = 0; hv < c.HV; ++hv)
+        for (int64_t e = 0; e < rec; ++e)
+          if (host[std::size_t(((slot + ch) * c.HV + hv) * rec + e)] == 0xFFFFu) ++unwritten;
   }
   EXPECT_EQ(mismatches, 0) << "saved first-chunk states differ from the initial state in bf16";
+  EXPECT_EQ(unwritten, 0) << "saved record elements left unwritten";
+}
+
+/// Each saving scan against its plain forward, and path AUTO against the rule kla.h states: the
+/// plan's own path where it is the transposed scan (FAST) or WY at 32 columns, else WY at 32.
+TEST(CudaBackward, ForwardSavingMatchesPlainForward) {
+  KLA_REQUIRE_GPU();
+  expect_forward_saving_matches(KLA_PATH_WY, KLA_PATH_WY, 32, "WY at 32 columns");
+  expect_forward_saving_matches(KLA_PATH_WY_TRANSPOSED, KLA_PATH_WY_TRANSPOSED, 64,
+                                "the transposed scan");
+  // The plan of the plain call decides what AUTO saves with.
+  Case k{"saving", {}, Decay::mild, true, true, KLA_ARITHMETIC_FAST};
+  k.cfg.dtype = KLA_DTYPE_BF16;
+  k.cfg.B = 1, k.cfg.T = 333, k.cfg.H = 2, k.cfg.HV = 4, k.cfg.K = k.cfg.V = 128;
+  k.cfg.cu_seqlens = {0, 64, 65, 200, 333};
+  k.cfg.arithmetic = KLA_ARITHMETIC_FAST;
+  const Problem p = make_problem(k);
+  DeviceProblem dp(p.d);
+  kla_params f = dp.params();
+  f.segments = 1;
+  kla_plan plan;
+  ASSERT_EQ(kla_plan_chunk_forward(&f, &plan), KLA_SUCCESS) << kla_last_error_message();
+  const bool own =
+      (plan.path == KLA_PATH_WY_TRANSPOSED && plan.arithmetic == KLA_ARITHMETIC_FAST) ||
+      (plan.path == KLA_PATH_WY && plan.value_slice == 32);
+  expect_forward_saving_matches(KLA_PATH_AUTO, own ? plan.path : KLA_PATH_WY,
+                                own ? plan.value_slice : 32, "the plan's choice");
 }
 
 TEST(CudaBackward, FastFp16AgainstMpfr) {

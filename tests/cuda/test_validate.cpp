@@ -598,8 +598,8 @@ TEST(Validate, Workspace) {
 }
 
 // Saved states (kla.h "Saved states"): (K V + 64 V) bf16 per (chunk slot, value head), only for
-// bf16 FAST calls at K = V = 128 that can run the WY path's one pass at 32 columns; any other
-// call gets 0 and a message naming the reason.
+// bf16 FAST calls at K = V = 128 that can run one pass of a saving scan (the transposed one, or WY
+// at 32 columns); any other call gets 0 and a message naming the reason.
 Fixture saving_fixture() {
   Fixture f(128, 128);
   f.p.dtype = KLA_DTYPE_BF16, f.p.arithmetic = KLA_ARITHMETIC_FAST;
@@ -613,7 +613,12 @@ TEST(Validate, SavedStatesSize) {
       << kla_last_error_message();  // T = 5: one chunk slot a sequence
   f.p.seq_len = 129;                // three chunks a sequence
   EXPECT_EQ(kla_saved_states_size(&f.p), std::size_t(B) * 3 * HV * per_record);
-  f.p.path = KLA_PATH_WY, f.p.value_slice = 32, f.p.segments = 1;  // what the forward runs
+  f.p.path = KLA_PATH_WY, f.p.value_slice = 32, f.p.segments = 1;  // a saving scan, explicitly
+  EXPECT_EQ(kla_saved_states_size(&f.p), std::size_t(B) * 3 * HV * per_record);
+  f.p.path = KLA_PATH_WY_TRANSPOSED, f.p.value_slice = 64;  // the other one
+  EXPECT_EQ(kla_saved_states_size(&f.p), std::size_t(B) * 3 * HV * per_record)
+      << kla_last_error_message();
+  f.p.value_slice = 0;
   EXPECT_EQ(kla_saved_states_size(&f.p), std::size_t(B) * 3 * HV * per_record);
   // Packed sequences: T/64 + N chunk slots, as the workspace's.
   Fixture g = saving_fixture();
@@ -633,14 +638,19 @@ TEST(Validate, SavedStatesSize) {
       {"V = 64", [](kla_params& p) { p.head_dim_v = 64; }, "V = 64"},
       {"pool", [](kla_params& p) { p.state_pool = reinterpret_cast<float*>(16); }, "pool"},
       {"path tf32", [](kla_params& p) { p.path = KLA_PATH_TF32; }, "tf32"},
-      {"path wy_transposed", [](kla_params& p) { p.path = KLA_PATH_WY_TRANSPOSED; },
-       "wy_transposed"},
+      {"path generic", [](kla_params& p) { p.path = KLA_PATH_GENERIC; }, "path generic"},
       {"value_slice 16",
        [](kla_params& p) {
          p.path = KLA_PATH_WY;
          p.value_slice = 16;
        },
-       "value_slice = 16"},
+       "value_slice = 16 was requested on path wy"},
+      {"value_slice 32 transposed",
+       [](kla_params& p) {
+         p.path = KLA_PATH_WY_TRANSPOSED;
+         p.value_slice = 32;
+       },
+       "value_slice = 32 was requested on path wy_transposed"},
       {"segments 4", [](kla_params& p) { p.segments = 4; }, "segments = 4"},
   };
   for (const Refusal& r : refusals) {

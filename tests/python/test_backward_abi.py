@@ -145,7 +145,8 @@ def test_saved_states_size_is_the_package_formula(saving_lib, B, T, HV, cu, slot
 
 
 @pytest.mark.parametrize("path,value_slice,segments", [
-    (P.PATH_AUTO, 0, 0), (P.PATH_WY, 0, 0), (P.PATH_WY, 32, 1), (P.PATH_AUTO, 32, 1)])
+    (P.PATH_AUTO, 0, 0), (P.PATH_WY, 0, 0), (P.PATH_WY, 32, 1), (P.PATH_AUTO, 32, 1),
+    (P.PATH_WY_TRANSPOSED, 0, 0), (P.PATH_WY_TRANSPOSED, 64, 1)])
 def test_saved_states_size_of_every_path_request_that_can_save(saving_lib, path, value_slice,
                                                               segments):
     p, _ = _saving_params(saving_lib)
@@ -160,9 +161,11 @@ def test_saved_states_size_of_every_path_request_that_can_save(saving_lib, path,
     (lambda p: setattr(p, "head_dim_k", 64), ("128", "head_dim")),
     (lambda p: setattr(p, "head_dim_v", 64), ("128", "head_dim")),
     (lambda p: _pool(p), ("pool",)),
-    (lambda p: setattr(p, "path", P.PATH_WY_TRANSPOSED), ("path", "wy")),
     (lambda p: setattr(p, "path", P.PATH_TF32), ("path", "wy")),
+    (lambda p: setattr(p, "path", P.PATH_GENERIC), ("path", "wy")),
     (lambda p: setattr(p, "value_slice", 16), ("value_slice", "slice")),
+    (lambda p: (setattr(p, "path", P.PATH_WY_TRANSPOSED), setattr(p, "value_slice", 32)),
+     ("wy_transposed",)),
     (lambda p: setattr(p, "segments", 2), ("segment",)),
 ])
 def test_saved_states_size_is_zero_with_a_reason_where_the_call_cannot_save(saving_lib, change,

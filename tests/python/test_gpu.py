@@ -892,35 +892,52 @@ def _recorded_launches(monkeypatch):
     return log
 
 
+def _saving_scan(fn, leaves, cu):
+    """The path and value slice the saving forward runs for path 'auto' (kla.h, 'Saved states'):
+    the plan's own where it is wy_transposed in FAST or wy at 32 columns, else wy at 32."""
+    q, k, v, g, beta, h0 = leaves
+    pl = kla.plan(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, arithmetic="fast",
+                  coefficient="given" if fn == "chunk_gated_delta_rule" else "kaczmarz",
+                  segments=1)
+    if (pl.path == "wy_transposed" and pl.arithmetic == "fast") or (pl.path, pl.value_slice) == (
+            "wy", 32):
+        return pl.path, pl.value_slice
+    return "wy", 32
+
+
+@pytest.mark.parametrize("path", ["auto", "wy", "wy_transposed"])
 @pytest.mark.parametrize("layout", SAVE_LAYOUTS)
 @pytest.mark.parametrize("fn", SAVE_FNS)
-def test_save_states_outputs_are_the_wy_32_forward(fn, layout, monkeypatch):
+def test_save_states_outputs_are_the_saving_scans_forward(fn, layout, path, monkeypatch):
     """save_states=True with a gradient to compute runs kla_chunk_forward_saving, whose o and
-    final state are bitwise those of path='wy', value_slice=32 (kla.h: the same kernels); without
-    one it runs the ordinary forward, bitwise save_states=False's."""
+    final state are bitwise those of save_states=False on the scan it saves with (kla.h: the same
+    kernels; 'auto': the rule of _saving_scan, 'wy': at 32 columns); without one it runs the
+    ordinary forward, bitwise save_states=False's."""
     import kla.ops as ops
     _needs_saving_device()
     xs, cu, _, _, _ = _save_problem(layout, raw_keys=fn == "chunk_kla_raw_keys")
     log = _recorded_launches(monkeypatch)
     leaves = [x.clone().requires_grad_(True) for x in xs]
-    o, s = _save_call(fn, leaves, cu, save_states=True)
+    o, s = _save_call(fn, leaves, cu, save_states=True, path=path)
     assert log == [ops.CHUNK_SAVING], log
-    o_wy, s_wy = _save_call(fn, xs, cu, path="wy", value_slice=32)
-    assert torch.equal(o, o_wy) and torch.equal(s, s_wy), "the saving forward is not wy/32's"
+    scan = _saving_scan(fn, xs, cu) if path == "auto" else (path, 32 if path == "wy" else 64)
+    o_p, s_p = _save_call(fn, xs, cu, path=scan[0], value_slice=scan[1])
+    assert torch.equal(o, o_p) and torch.equal(s, s_p), f"the saving forward is not {scan}'s"
     log.clear()
     with torch.no_grad():
-        o_ng, s_ng = _save_call(fn, leaves, cu, save_states=True)
-    o_auto, s_auto = _save_call(fn, xs, cu)
+        o_ng, s_ng = _save_call(fn, leaves, cu, save_states=True, path=path)
+    o_auto, s_auto = _save_call(fn, xs, cu, path=path)
     assert log == [ops.CHUNK, ops.CHUNK], log
     assert torch.equal(o_ng, o_auto) and torch.equal(s_ng, s_auto)
 
 
+@pytest.mark.parametrize("path", ["wy", "wy_transposed"])
 @pytest.mark.parametrize("layout", SAVE_LAYOUTS)
 @pytest.mark.parametrize("fn", SAVE_FNS)
-def test_save_states_gradients_meet_the_fast_contract(fn, layout, monkeypatch):
-    """The backward from saved states (kla_chunk_backward_saved) against the recomputing one
-    (save_states=False) and the float64 autograd gradients: each within the FAST bf16 kernels'
-    bound (header of this section), and the two within that bound of each other."""
+def test_save_states_gradients_meet_the_fast_contract(fn, layout, path, monkeypatch):
+    """The backward from states saved by each saving scan (kla_chunk_backward_saved) against the
+    recomputing one (save_states=False) and the float64 autograd gradients: each within the FAST
+    bf16 kernels' bound (header of this section), and the two within that bound of each other."""
     _needs_saving_device()
     raw = fn == "chunk_kla_raw_keys"
     xs, cu, do, dht, n_h = _save_problem(layout, seed=120, raw_keys=raw)
@@ -928,7 +945,7 @@ def test_save_states_gradients_meet_the_fast_contract(fn, layout, monkeypatch):
 
     def grads(save_states):
         leaves = [x.clone().requires_grad_(True) for x in xs]
-        o, final = _save_call(fn, leaves, cu, save_states=save_states)
+        o, final = _save_call(fn, leaves, cu, save_states=save_states, path=path)
         torch.autograd.backward((o, final), (do, dht))
         return [x.grad for x in leaves]
 
@@ -944,7 +961,7 @@ def test_save_states_gradients_meet_the_fast_contract(fn, layout, monkeypatch):
         assert a is not None and a.dtype == b.dtype and torch.isfinite(a).all(), name
         bound = fast_bf16_bound(name, ref, n_h)
         ea, eb, d = rel_rms(a, ref), rel_rms(b, ref), rel_rms(a, b)
-        print(f"save_states {fn} {layout} {name}: saved {ea:.3e}, recomputed {eb:.3e}, "
+        print(f"save_states {fn} {layout} {path} {name}: saved {ea:.3e}, recomputed {eb:.3e}, "
               f"saved vs recomputed {d:.3e} (bound {bound:.3e})")
         assert ea <= bound, f"{name}: saved states {ea:.3e} > {bound:.3e}"
         assert eb <= bound, f"{name}: recomputed {eb:.3e} > {bound:.3e}"

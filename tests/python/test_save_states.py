@@ -46,11 +46,13 @@ def call(fn, q, k, v, g, beta, **kw):
     ({"K": 64}, {}, "needs head dims K = V = 128"),
     ({"V": 64}, {}, "needs head dims K = V = 128"),
     ({"K": 256, "V": 256}, {}, "needs head dims K = V = 128"),
-    ({}, {"path": "wy_transposed"}, "path 'auto' or 'wy'"),
-    ({}, {"path": "tf32"}, "path 'auto' or 'wy'"),
-    ({}, {"path": "generic"}, "path 'auto' or 'wy'"),
-    ({}, {"value_slice": 16}, "value_slice 0 or 32"),
-    ({}, {"path": "wy", "value_slice": 8}, "value_slice 0 or 32"),
+    ({}, {"path": "tf32"}, "path 'auto', 'wy' or 'wy_transposed'"),
+    ({}, {"path": "generic"}, "path 'auto', 'wy' or 'wy_transposed'"),
+    ({}, {"value_slice": 16}, "on path 'auto' takes value_slice 0 or 32 "),
+    ({}, {"path": "wy", "value_slice": 8}, "on path 'wy' takes value_slice 0 or 32 "),
+    ({}, {"path": "wy", "value_slice": 64}, "on path 'wy' takes value_slice 0 or 32 "),
+    ({}, {"path": "wy_transposed", "value_slice": 32},
+     "on path 'wy_transposed' takes value_slice 0 or 64 "),
     ({}, {"segments": 2}, "segments 0 or 1"),
 ])
 def test_a_call_that_cannot_save_is_refused_by_name(fn, shape, kw, match, grad):
@@ -72,6 +74,8 @@ def test_save_states_must_be_a_bool(value):
 
 @pytest.mark.parametrize("fn", FNS)
 @pytest.mark.parametrize("kw", [{}, {"path": "wy"}, {"path": "wy", "value_slice": 32},
+                                {"path": "wy_transposed"},
+                                {"path": "wy_transposed", "value_slice": 64},
                                 {"value_slice": 0, "segments": 1}, {"path": "auto",
                                                                      "segments": 0}])
 def test_calls_that_can_save_pass_the_checks(fn, kw):

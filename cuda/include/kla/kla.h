@@ -357,15 +357,16 @@ KLA_API kla_status kla_chunk_backward(const kla_backward_params* p, kla_stream_t
  * at 32768 tokens and 32 value heads. The backward then skips that scan (12-14% of its time on an
  * H200 in a timing experiment; docs/performance.md has the status). Only where the backward runs
  * its bf16 kernels: dtype bf16, arithmetic FAST, K = V = 128, no state pool; the forward then runs
- * the WY path at 32-column slices in one pass (path AUTO or WY, value_slice 0 or 32, segments 0 or
- * 1; a sm_90a device). */
+ * in one pass on a scan that saves: the plan's own path where it is the transposed scan (FAST) or
+ * WY at 32 columns, otherwise WY at 32 columns (path AUTO, WY with value_slice 0 or 32, or
+ * WY_TRANSPOSED with 0 or 64; segments 0 or 1; a sm_90a device). */
 /* Bytes of the saved states of a forward call with these params; 0 where the call cannot save (or
  * p is NULL or unusable); kla_last_error_message then says why. Pure host arithmetic. */
 KLA_API size_t kla_saved_states_size(const kla_params* p);
 /* kla_chunk_forward, also writing the saved states into `saved` (saved_size >=
  * kla_saved_states_size bytes, 16-byte aligned, on the device; like the workspace, it must not
- * overlap the call's tensors). The outputs are those of kla_chunk_forward with path WY and
- * value_slice 32 (the same kernels, bitwise). */
+ * overlap the call's tensors). The outputs are those of kla_chunk_forward on the path and slice
+ * it runs (above; the same kernels, bitwise). */
 KLA_API kla_status kla_chunk_forward_saving(const kla_params* p, void* saved, size_t saved_size,
                                             kla_stream_t stream);
 /* kla_chunk_backward reading each chunk's S and U from `saved`, written by kla_chunk_forward_saving

@@ -26,46 +26,57 @@ kla_status plan_validated(const kla_params* p, bool chunk, kla::plan::Plan& plan
                : kla::plan::plan_tokenwise(*p, dev, plan);
 }
 
-kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char* entry) {
+// kla_chunk_forward_saving's buffer (kla.h "Saved states").
+struct SavedStates {
+  void* ptr;
+  size_t size;
+};
+
+// The saving forward's plan: one pass (saved states come from one) on a path with a saving scan,
+// the plan's own where it is the transposed scan in FAST or WY at 32 columns, otherwise WY at 32
+// columns (what the call requested of path, slice and split allows either: validate_saved_states).
+// q: the params as planned.
+kla_status plan_saving(kla_params& q, kla::plan::Plan& plan, kla::plan::DeviceInfo& dev,
+                       const char* entry) {
+  q.segments = 1;
+  if (kla_status s = plan_validated(&q, true, plan, dev)) return s;
+  if ((plan.path == KLA_PATH_WY_TRANSPOSED && plan.arithmetic == KLA_ARITHMETIC_FAST) ||
+      (plan.path == KLA_PATH_WY && plan.value_slice == kla::layout::kSavedValueSlice))
+    return KLA_SUCCESS;
+  q.path = KLA_PATH_WY;
+  q.value_slice = kla::layout::kSavedValueSlice;
+  if (kla_status s = plan_validated(&q, true, plan, dev))
+    return fail(s, std::string(entry) + ": the saving scan (path WY, 32 columns) cannot run: " +
+                       kla_last_error_message());
+  return KLA_SUCCESS;
+}
+
+// save: kla_chunk_forward_saving's buffer, or nullptr for the other forwards.
+kla_status run(const kla_params* p, bool chunk, kla_stream_t stream, const char* entry,
+               const SavedStates* save = nullptr) {
   if (kla_status s = kla_validate(p)) return s;
+  if (save)
+    if (kla_status s = kla::detail::validate_saved_states(*p, save->ptr, save->size, entry))
+      return s;
+  kla_params q = *p;
   kla::plan::DeviceInfo dev;
   kla::plan::Plan plan;
-  if (kla_status s = plan_validated(p, chunk, plan, dev)) return s;
+  if (kla_status s = save ? plan_saving(q, plan, dev, entry) : plan_validated(p, chunk, plan, dev))
+    return s;
   const char* what = "the launch";
   const auto st = static_cast<cudaStream_t>(stream);
-  const cudaError_t e = plan.segments > 1 ? kla::cp::launch_split(*p, plan.segments, dev, st, what)
-                                          : kla::kernels::launch(kla::detail::translate(*p, plan),
-                                                                 plan, p->dtype, st, what);
+  cudaError_t e;
+  if (plan.segments > 1) {
+    e = kla::cp::launch_split(q, plan.segments, dev, st, what);
+  } else {
+    kla::kernels::KernelParams k = kla::detail::translate(q, plan);
+    if (save) k.saved = save->ptr;
+    e = kla::kernels::launch(k, plan, q.dtype, st, what);
+  }
   if (e == cudaSuccess) return KLA_SUCCESS;
   (void)cudaGetLastError();  // clear the runtime's sticky error for this thread
   return fail(KLA_ERROR_CUDA, std::string(entry) + ": " + what + " (path " +
                                   kla_path_name(plan.path) + "): " + cudaGetErrorString(e));
-}
-
-// kla_chunk_forward_saving: the one-pass WY plan at the saving scan's 32 columns (what the call
-// requested of path, slice and split is AUTO / 0 or that: validate_saved_states), then the launch
-// with the saved states' address in the kernels' params.
-kla_status run_saving(const kla_params* p, void* saved, size_t saved_size, kla_stream_t stream) {
-  constexpr const char* entry = "kla_chunk_forward_saving";
-  if (kla_status s = kla_validate(p)) return s;
-  if (kla_status s = kla::detail::validate_saved_states(*p, saved, saved_size, entry)) return s;
-  kla_params q = *p;
-  q.path = KLA_PATH_WY;
-  q.value_slice = kla::layout::kSavedValueSlice;
-  q.segments = 1;
-  kla::plan::DeviceInfo dev;
-  kla::plan::Plan plan;
-  if (kla_status s = plan_validated(&q, true, plan, dev))
-    return fail(s, std::string(entry) + ": the saving scan (path WY, 32 columns) cannot run: " +
-                       kla_last_error_message());
-  kla::kernels::KernelParams k = kla::detail::translate(q, plan);
-  k.saved = saved;
-  const char* what = "the launch";
-  const cudaError_t e =
-      kla::kernels::launch(k, plan, q.dtype, static_cast<cudaStream_t>(stream), what);
-  if (e == cudaSuccess) return KLA_SUCCESS;
-  (void)cudaGetLastError();
-  return fail(KLA_ERROR_CUDA, std::string(entry) + ": " + what + ": " + cudaGetErrorString(e));
 }
 
 kla_status plan_entry(const kla_params* p, bool chunk, kla_plan* out) {
@@ -88,7 +99,8 @@ kla_status kla_chunk_forward(const kla_params* p, kla_stream_t stream) {
 
 kla_status kla_chunk_forward_saving(const kla_params* p, void* saved, size_t saved_size,
                                     kla_stream_t stream) {
-  return run_saving(p, saved, saved_size, stream);
+  const SavedStates save{saved, saved_size};
+  return run(p, true, stream, "kla_chunk_forward_saving", &save);
 }
 
 kla_status kla_tokenwise_forward(const kla_params* p, kla_stream_t stream) {

@@ -13,6 +13,7 @@
 #include "bwd/bwd_layout.hpp"
 #include "layout/chunk_geometry.hpp"
 #include "layout/saved_states.hpp"
+#include "layout/wy_layout.hpp"
 
 #ifndef KLA_VERSION_STRING
 #define KLA_VERSION_STRING "0.0.0"
@@ -133,14 +134,17 @@ std::string saved_states_refusal(const kla_params& p) {
                ": only K = V = ", kSavedHeadDim, " save states");
   if (p.state_pool) return "a state pool call has no backward, so nothing to save";
   const int path = enum_bits(p.path);  // any int a C caller stored (named only when a path)
-  if (path != KLA_PATH_AUTO && path != KLA_PATH_WY)
+  if (path != KLA_PATH_AUTO && path != KLA_PATH_WY && path != KLA_PATH_WY_TRANSPOSED)
     return cat("path ",
                path >= KLA_PATH_AUTO && path <= KLA_PATH_TOKENWISE ? kla_path_name(kla_path(path))
                                                                    : "(not a kla_path)",
-               " was requested; the WY path writes saved states");
-  if (p.value_slice != 0 && p.value_slice != kla::layout::kSavedValueSlice)
-    return cat("value_slice = ", p.value_slice, " was requested; the saving scan takes ",
-               kla::layout::kSavedValueSlice, " columns");
+               " was requested; the WY scans write saved states (path auto, wy or wy_transposed)");
+  // The saving scan's columns: the transposed scan's 64, or the [token][column] scan's 32.
+  const int columns =
+      path == KLA_PATH_WY_TRANSPOSED ? kla::layout::kWyTColumns : kla::layout::kSavedValueSlice;
+  if (p.value_slice != 0 && p.value_slice != columns)
+    return cat("value_slice = ", p.value_slice, " was requested on path ",
+               kla_path_name(kla_path(path)), "; its saving scan takes ", columns, " columns");
   if (p.segments != 0 && p.segments != 1)
     return cat("segments = ", p.segments, " was requested; saved states come from one pass");
   return "";

@@ -32,6 +32,7 @@ enum class KernelMutant : int {
   bwd_grads_next_states_skipped,     // bwd/bwd_input_grads_bf16.cuh: the next head's S not fetched
   split_fold_transition_skipped,     // cp/segments.cu: the fold carries L alone (S_in = L)
   saved_u_update_scaled,             // scan/wy_scan.cuh: the saved U keeps step B's update scale
+  saved_u_update_scaled_transposed,  // scan/wy_scan_transposed.cuh: the same, saved U^T
   count
 };
 
@@ -57,7 +58,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_prep_next_chunk_keys_skipped",
                                                      "bwd_grads_next_states_skipped",
                                                      "split_fold_transition_skipped",
-                                                     "saved_u_update_scaled"};
+                                                     "saved_u_update_scaled",
+                                                     "saved_u_update_scaled_transposed"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 

@@ -34,12 +34,12 @@ cudaError_t launch_wy_scan(const KernelParams& p, cudaStream_t stream, const CUt
   return cudaGetLastError();
 }
 
-template <class E, int KD, bool kFast>
+template <class E, int KD, bool kFast, bool kSave = false>
 cudaError_t launch_wy_scan_transposed(const KernelParams& p, cudaStream_t stream,
                                       const CUtensorMap& kmap, const CUtensorMap& qmap,
                                       const CUtensorMap& vmap, const char*& what) {
-  constexpr int64_t bytes = wy_t_smem_bytes(KD);
-  const auto kern = chunk_wy_scan_transposed_kernel<E, KD, kFast>;
+  constexpr int64_t bytes = kSave ? wy_t_saving_smem_bytes(KD) : wy_t_smem_bytes(KD);
+  const auto kern = chunk_wy_scan_transposed_kernel<E, KD, kFast, kSave>;
   what = "the transposed WY scan";
   const cudaError_t e =
       cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
@@ -87,12 +87,16 @@ cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_
       <<<dim3(unsigned(p.max_chunks), unsigned(p.HV), unsigned(p.N)), kWyPrepThreads,
          size_t(prep_bytes), stream>>>(p, reinterpret_cast<char*>(p.ws));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  // Saved states (p.saved): the scan compiled to write them; the entry point planned WY at 32
-  // columns for this dtype and head dim (kla_chunk_forward_saving).
+  // Saved states (p.saved): the scan compiled to write them; the entry point planned the
+  // transposed scan in FAST or WY at 32 columns for this dtype and head dim
+  // (kla_chunk_forward_saving).
   if (p.saved != nullptr) {
-    if constexpr (std::is_same_v<E, __nv_bfloat16> && KD == kSavedHeadDim)
+    if constexpr (std::is_same_v<E, __nv_bfloat16> && KD == kSavedHeadDim) {
+      if (transposed && plan.arithmetic == KLA_ARITHMETIC_FAST)
+        return launch_wy_scan_transposed<E, KD, true, true>(p, stream, kmap, qmap, vmap, what);
       if (!transposed && VS == kSavedValueSlice)
         return launch_wy_scan<E, KD, kSavedValueSlice, true>(p, stream, kmap, qmap, vmap, what);
+    }
     what = "the WY launcher (no saving scan for the plan's dtype, head dim or tiling)";
     return cudaErrorInvalidConfiguration;
   }

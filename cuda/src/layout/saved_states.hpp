@@ -20,7 +20,8 @@
 namespace kla::layout {
 
 /// Head dims at which a forward can save (the backward's bf16 kernels', kBwdCompiledHeadDim) and
-/// the WY scan's value slice that writes them.
+/// the [token][column] WY scan's value slice that writes them (the transposed scan writes them at
+/// its own 64 columns).
 constexpr int kSavedHeadDim = 128, kSavedValueSlice = 32;
 /// bf16 elements of one record.
 constexpr int64_t saved_record_elems(int64_t K, int64_t V) {

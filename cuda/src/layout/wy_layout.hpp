@@ -193,5 +193,13 @@ constexpr int64_t wy_t_stage_bytes(int KD) {
 constexpr int64_t wy_t_smem_bytes(int KD) {
   return 2 * wy_t_stage_bytes(KD) + 4 * (2 * kChunk * 128) + kChunk * 128 + 2 * 8;
 }
+/// The saving scan (kSave, kla_chunk_forward_saving) also holds the chunk's incoming S and its U,
+/// transposed for the helpers' stores: [KD keys | 64 tokens][128 B swizzled] bf16 after the rest.
+constexpr int64_t wy_t_save_tile_offset(int KD) {
+  return (wy_t_smem_bytes(KD) + 127) / 128 * 128;
+}
+constexpr int64_t wy_t_saving_smem_bytes(int KD) {
+  return wy_t_save_tile_offset(KD) + int64_t(KD + kChunk) * 128;
+}
 
 }  // namespace kla::layout

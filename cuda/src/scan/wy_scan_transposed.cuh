@@ -32,6 +32,13 @@
 // products on T and P T (record values) stay bf16 hi + lo, and the prep writes no K / Q images.
 // (tools/state_precision_study.py: one fp16 part for S^T would give 3.2e-4 at alpha = 1, above the
 // fp16 target.)
+//
+// kSave (bf16, FAST, K = V = 128; kla_chunk_forward_saving where the plan takes this scan): the
+// chain also lays out what the backward would recompute (layout/saved_states.hpp) in a tile beside
+// the O tile: each chunk's incoming S (from S^T's accumulators, while the tensor cores run K S) and
+// U^T = R^T T^T before its update scale, both rounded to bf16 and stored transposed by stmatrix as
+// O is; the helpers write them to p.saved with O's rows. Stores only: the outputs and the state are
+// bitwise those of kSave = false.
 #pragma once
 
 #include <type_traits>
@@ -44,6 +51,7 @@
 #include "arch/split.cuh"
 #include "arch/wgmma.cuh"
 #include "epilogue/state_io.cuh"
+#include "layout/saved_states.hpp"
 #include "layout/wy_layout.hpp"
 #include "scan/wy_products.cuh"
 
@@ -76,9 +84,28 @@ __device__ __forceinline__ float accumulator_row_max(const float (*d)[32], int h
   m = fmaxf(m, __shfl_xor_sync(~0u, m, 1));
   return fmaxf(m, __shfl_xor_sync(~0u, m, 2));
 }
+/// An m64n64 accumulator d of the chain warpgroup (element 4 nb + 2 hr + e: row 16 warp + g + 8 hr
+/// of its 64, column 8 nb + 2 t4 + e) rounded to E and stored transposed into a [64][128 B] tile:
+/// column j of d is the tile's row j, 16-byte piece pc of a row at pc ^ row % 8 (transposing
+/// stmatrix, 8 x 8 block (nb, hr) a matrix; lane l addresses row l % 8 of block l / 8 of four).
+template <class E>
+__device__ __forceinline__ void store_tile_transposed(char* tile, const float (&d)[32], int warp,
+                                                      int lane) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t r4[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int i = 4 * (2 * k + (m >> 1)) + 2 * (m & 1);
+      r4[m] = Dtype<E>::pack2(d[i], d[i + 1]);
+    }
+    const int mm = lane >> 3, row = 8 * (2 * k + (mm >> 1)) + (lane & 7), pc = 2 * warp + (mm & 1);
+    stsm4_t(tile + row * 128 + ((pc ^ (row & 7)) << 4), r4[0], r4[1], r4[2], r4[3]);
+  }
+}
 #endif
 
-template <class E, int KD, bool kFast>
+template <class E, int KD, bool kFast, bool kSave = false>
 __global__ void __launch_bounds__(kWyTThreads, 1)
     chunk_wy_scan_transposed_kernel(const KernelParams p, const char* __restrict__ ws,
                                     const __grid_constant__ CUtensorMap kmap,
@@ -87,6 +114,9 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>,
                 "raw K / Q / V tiles as wgmma operands");
+  static_assert(!kSave || (std::is_same_v<E, __nv_bfloat16> && kFast && KD == kSavedHeadDim),
+                "saved states: bf16, FAST, K = V = 128 (layout/saved_states.hpp)");
+  static_assert(!kSave || wy_t_saving_smem_bytes(KD) <= kSm90MaxSmem, "the save tile fits");
   constexpr bool kF16 = std::is_same_v<E, __half>;
   using R = WyRecord;
   constexpr int C = kChunk, VS = 64, kPanels = (KD + 63) / 64, KS = KD / 16;
@@ -102,6 +132,9 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
   auto tpt = [&](int b) { return smem + 2 * kStage + b * 2 * kTpt; };
   char* otile = tpt(2);  // O, [token][64 columns], 16-byte piece c of row r at c ^ r % 8
   auto* full = reinterpret_cast<uint64_t*>(otile + C * 128);
+  // kSave: chunk ch's S (rows 0..KD-1, key k) and U (rows KD.., token) for the helpers' stores,
+  // 64 value columns of 128 B a row, swizzled as the O tile.
+  char* const save_tile = smem + wy_t_save_tile_offset(KD);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(~0u, tid >> 5, 0);
   const int g = lane >> 2, t4 = lane & 3;
@@ -114,6 +147,11 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
   const int nch = int((sr.len + C - 1) / C);
   const int64_t rec_bytes = p.ws_record_floats * 4;
   const bool chain = warp < 4;
+  // kSave: chunk ch's saved record (S [KD][V], then U [C][V]) at this block's first column.
+  auto saved_at = [&](int ch) {
+    return static_cast<__nv_bfloat16*>(p.saved) +
+           (chunk_slot(p, n, sr, ch) * p.HV + hv) * saved_record_elems(KD, KD) + c0;
+  };
 
   // The blocks of [T; P T] above the diagonal stay zero: each chunk writes only the packed
   // triangles' blocks.
@@ -243,6 +281,15 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
           *reinterpret_cast<uint4*>(orow + row * p.os[1] + pc * 8) =
               *reinterpret_cast<const uint4*>(otile + row * 128 + ((pc ^ (row & 7)) << 4));
       }
+      if constexpr (kSave) {  // S then U: rows of the tile are rows of the record, pitch V
+        __nv_bfloat16* const sv = saved_at(ch);
+        for (int q = tid - kWyTChainThreads; q < (KD + C) * 8;
+             q += kWyTThreads - kWyTChainThreads) {
+          const int row = q >> 3, pc = q & 7;
+          *reinterpret_cast<uint4*>(sv + int64_t(row) * V + pc * 8) =
+              *reinterpret_cast<const uint4*>(save_tile + row * 128 + ((pc ^ (row & 7)) << 4));
+        }
+      }
       continue;
     }
     // (K S)^T = S^T K^T and (Q S)^T = S^T Q^T, two independent accumulator chains issued in
@@ -267,6 +314,12 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
         }
       }
       wgmma_commit();
+      // kSave: the state entering this chunk, while the tensor cores form K S and Q S (S^T's
+      // accumulators are not their operands: ah is).
+      if constexpr (kSave)
+#pragma unroll
+        for (int pn = 0; pn < kPanels; ++pn)
+          store_tile_transposed<E>(save_tile + pn * 64 * 128, sT[pn], warp, lane);
       wgmma_wait<0>();
       wgmma_reg_fence(accK);
       wgmma_reg_fence(accQ);
@@ -336,8 +389,15 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
       uint32_t xh[4][4], xl[4][4];
       const float gend = sc[kWyGend];
       float gsc[2] = {gend, gend};
+      // kSave: U^T = R^T T^T, before the update scale (the mutant: after it, X^T's rows).
+      if constexpr (kSave)
+        if (!KLA_MUTANT(saved_u_update_scaled_transposed))
+          store_tile_transposed<E>(save_tile + KD * 128, accX, warp, lane);
 #pragma unroll
       for (int i = 0; i < 32; ++i) accX[i] *= sc[kWyScUpd + 8 * (i >> 2) + 2 * t4 + (i & 1)];
+      if constexpr (kSave)
+        if (KLA_MUTANT(saved_u_update_scaled_transposed))
+          store_tile_transposed<E>(save_tile + KD * 128, accX, warp, lane);
       if constexpr (kF16) {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
@@ -374,22 +434,9 @@ __global__ void __launch_bounds__(kWyTThreads, 1)
                                wgmma_desc_advance(kd0, pn * kPanelKQ + ks * 2048));
       wgmma_commit();
       KLA_WY_MARK(5);
-      // O^T into the O tile by transposing stmatrix (8 x 8 block (nb, hr): tokens 8 nb..,
-      // columns 16 w + 8 hr..; lane l addresses token row l % 8 of block l / 8 of the four), for
-      // the helpers to write out 16 bytes a store, off the chain (docs/prefill_notes.md, 'Design
-      // decisions').
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        uint32_t r4[4];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int i = 4 * (2 * k + (m >> 1)) + 2 * (m & 1);
-          r4[m] = Dtype<E>::pack2(accO[i], accO[i + 1]);
-        }
-        const int mm = lane >> 3, row = 8 * (2 * k + (mm >> 1)) + (lane & 7),
-                  pc = 2 * warp + (mm & 1);
-        stsm4_t(otile + row * 128 + ((pc ^ (row & 7)) << 4), r4[0], r4[1], r4[2], r4[3]);
-      }
+      // O^T into the O tile [token][64 columns] by transposing stmatrix, for the helpers to write
+      // out 16 bytes a store, off the chain (docs/prefill_notes.md, 'Design decisions').
+      store_tile_transposed<E>(otile, accO, warp, lane);
       named_bar_arrive(kWyTBarO, kWyTThreads);
       wgmma_wait<0>();
 #pragma unroll
