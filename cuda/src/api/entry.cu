@@ -40,9 +40,7 @@ kla_status plan_saving(kla_params& q, kla::plan::Plan& plan, kla::plan::DeviceIn
                        const char* entry) {
   q.segments = 1;
   if (kla_status s = plan_validated(&q, true, plan, dev)) return s;
-  if ((plan.path == KLA_PATH_WY_TRANSPOSED && plan.arithmetic == KLA_ARITHMETIC_FAST) ||
-      (plan.path == KLA_PATH_WY && plan.value_slice == kla::layout::kSavedValueSlice))
-    return KLA_SUCCESS;
+  if (kla::plan::scan_saves(plan)) return KLA_SUCCESS;
   q.path = KLA_PATH_WY;
   q.value_slice = kla::layout::kSavedValueSlice;
   if (kla_status s = plan_validated(&q, true, plan, dev))

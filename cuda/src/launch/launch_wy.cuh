@@ -91,12 +91,12 @@ cudaError_t launch_wy(const KernelParams& p, const plan::Plan& plan, cudaStream_
   // transposed scan in FAST or WY at 32 columns for this dtype and head dim
   // (kla_chunk_forward_saving).
   if (p.saved != nullptr) {
-    if constexpr (std::is_same_v<E, __nv_bfloat16> && KD == kSavedHeadDim) {
-      if (transposed && plan.arithmetic == KLA_ARITHMETIC_FAST)
-        return launch_wy_scan_transposed<E, KD, true, true>(p, stream, kmap, qmap, vmap, what);
-      if (!transposed && VS == kSavedValueSlice)
-        return launch_wy_scan<E, KD, kSavedValueSlice, true>(p, stream, kmap, qmap, vmap, what);
-    }
+    if constexpr (std::is_same_v<E, __nv_bfloat16> && KD == kSavedHeadDim)
+      if (plan::scan_saves(plan))
+        return transposed
+                   ? launch_wy_scan_transposed<E, KD, true, true>(p, stream, kmap, qmap, vmap, what)
+                   : launch_wy_scan<E, KD, kSavedValueSlice, true>(p, stream, kmap, qmap, vmap,
+                                                                   what);
     what = "the WY launcher (no saving scan for the plan's dtype, head dim or tiling)";
     return cudaErrorInvalidConfiguration;
   }

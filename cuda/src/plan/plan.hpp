@@ -11,6 +11,7 @@
 
 #include "kla/kla.h"
 #include "layout/chunk_geometry.hpp"
+#include "layout/saved_states.hpp"
 
 namespace kla::plan {
 
@@ -71,6 +72,15 @@ kla_status plan_tokenwise(const kla_params& p, const DeviceInfo& dev, Plan& out)
 
 /// Copies a Plan into the C struct (reason truncated to fit).
 void to_c(const Plan& in, kla_plan& out);
+
+/// Whether a one-pass plan's scan has a saving form (kla_chunk_forward_saving, kla.h "Saved
+/// states"): the transposed scan in FAST, or the [token][column] WY scan at kSavedValueSlice
+/// columns. The saving forward keeps such a plan and replans any other as WY at that slice; the
+/// WY launcher picks the saving kernel by the same test.
+inline bool scan_saves(const Plan& plan) {
+  return (plan.path == KLA_PATH_WY_TRANSPOSED && plan.arithmetic == KLA_ARITHMETIC_FAST) ||
+         (plan.path == KLA_PATH_WY && plan.value_slice == layout::kSavedValueSlice);
+}
 DeviceInfo from_c(const kla_device_info& d);
 
 }  // namespace kla::plan
