@@ -2,20 +2,27 @@
 through the segment pieces (kla.cp.simulate, one process) and through torch.distributed (gloo,
 separate processes), equals one pass of the same function over the whole sequence, outputs, final
 state and every gradient (q, k, v, g, eta, the initial state). impl 'torch' in float64, so both
-sides are the same algebra in float64 and differ only by rounding: the comparison is max-abs over
-RMS (reference.py's rel_max) against TOL_CP. Fresh random inputs and cuts every run; the seed is in
-the failure message. A planted fault (the fold without the segments' transitions) must fail it.
+sides are the same algebra in float64 and differ only by rounding: the comparison is relative
+RMS (reference.py's rel_rms) against TOL_CP. Fresh random inputs and cuts every run; the seed is
+in the failure message. A planted fault (the fold without the segments' transitions) must fail it.
 Packed streams with global cu_seqlens (FLA's cp_context convention) are cut into segments the
 same way, against one pass over the stream (TOL_PACKED below). The schedule's calls per rank are
 counted, and ranks that disagree or hold invalid inputs must all raise, none left waiting.
 
 TOL_CP: the fold S_in(r+1) = A_r S_in(r) + L_r replaces one pass's state hand-offs by a product
 with the [K, K] transition and a sum, a few float64 roundings per segment on values of the state's
-size. Measured worst over 500 draws (up to 5 segments of 0..100 tokens, K, V in {8, 16, 32},
-decays to -0.5, eta in (0.05, 0.95), key norms 0.3..3, every case below): 3.8e-14 (dk; outputs
-2.4e-14, final state 1.4e-14, dh0 9e-15). TOL_CP = 700 u64 = 7.8e-14 is twice that: the metric is
-a maximum over random cuts, whose tail still grows slowly with the number of draws. A dropped
-transition errs by O(1).
+size. The comparison is relative RMS (reference.py's rel_rms): the rounding noise of every entry,
+averaged. Until round 2, session 31 it was max-abs over RMS with bounds of twice the worst of 500
+(TOL_CP) and 150 (TOL_PACKED) draws; that maximum over entries has a heavy tail between draws
+(10,000 packed draws: median 14 u64, worst 184, above the 140 of TOL_PACKED twice, as a CI run
+drew once; 5,000 simulated draws: median 68, worst 682 against 700), so both bounds failed at
+random a few times in a thousand runs. The relative RMS has a light tail: measured over 6,500
+draws of check_simulated (up to 5 segments of 0..100 tokens, K, V in {8, 16, 32}, decays to -0.5,
+eta in (0.05, 0.95), key norms 0.3..3, every case below) median 6.5 u64, 99.9th percentile 20.5,
+worst 26.4 (final state; an exponential fit of the top 5% puts one draw in 10^8 above 39).
+TOL_CP = 64 u64 = 7.1e-15; the gloo tests' own draws (100 of test_distributed_ranks..., 25 of
+the packed one) came out at most 9.9 and 5.9 u64 against TOL_CP and TOL_PACKED. A dropped transition errs by O(1); one wrong token's gradient in a
+draw of 10^4 entries by about 1e-2.
 """
 import os
 import tempfile
@@ -26,14 +33,15 @@ import torch
 import kla.cp as cp
 from kla import _params as P
 from kla import torch_impl
-from reference import rel_max
+from reference import rel_rms
 
 SEED = int.from_bytes(os.urandom(4), "little")
-TOL_CP = 700 * 2.0**-53
+TOL_CP = 64 * 2.0**-53
 # The packed streams (packed(): K = 16, V = 8, sequences of 0..60 tokens, up to 5 segments): the
-# same algebra on smaller problems; measured worst over 150 draws 7.7e-15 (dv; outputs 3.0e-15,
-# final states 1.7e-15); twice that is 140 u64.
-TOL_PACKED = 140 * 2.0**-53
+# same algebra on smaller problems; relative RMS over 5,100 draws of the three cases that cut
+# inside sequences: median 2.4 u64, 99.9th percentile 6.0, worst 8.3 (deta; the fit puts one draw
+# in 10^8 above 12.7); about twice the worst is 16 u64.
+TOL_PACKED = 16 * 2.0**-53
 
 
 def draw(seed, coefficient, readout, with_g, eta_kind, with_h0):
@@ -117,12 +125,12 @@ def check_simulated(case, seed, fold_states=None):
     ref_o, ref_final, ref_grads = reference(coefficient, readout, inputs, d_o, d_final)
     segs = segments(lens, coefficient, readout, q, k, v, g, eta)
     outs, final, grads, d_h0 = cp.simulate(segs, h0, cut_like(lens, d_o), d_final)
-    errs = {"o": rel_max(torch.cat(outs, 1), ref_o), "final": rel_max(final, ref_final)}
+    errs = {"o": rel_rms(torch.cat(outs, 1), ref_o), "final": rel_rms(final, ref_final)}
     for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
         if ref_grads[i] is not None:
-            errs[name] = rel_max(torch.cat([gr[i] for gr in grads], 1), ref_grads[i])
+            errs[name] = rel_rms(torch.cat([gr[i] for gr in grads], 1), ref_grads[i])
     if with_h0:
-        errs["dh0"] = rel_max(d_h0, ref_grads[5])
+        errs["dh0"] = rel_rms(d_h0, ref_grads[5])
     return lens, errs
 
 
@@ -153,10 +161,10 @@ def test_a_fold_without_the_transitions_fails(monkeypatch):
     ref_o, ref_final = one_pass(P.COEFF_KACZMARZ, "scale", q, k, v, None, 0.5, h0)
     segs = segments([20, 20, 20], P.COEFF_KACZMARZ, "scale", q, k, v, None, 0.5)
     outs, final = cp.simulate(segs, h0)
-    assert rel_max(torch.cat(outs, 1), ref_o) <= TOL_CP  # the real fold
+    assert rel_rms(torch.cat(outs, 1), ref_o) <= TOL_CP  # the real fold
     monkeypatch.setattr(cp, "fold_states", broken)
     outs, final = cp.simulate(segs, h0)
-    errs = (rel_max(torch.cat(outs, 1), ref_o), rel_max(final, ref_final))
+    errs = (rel_rms(torch.cat(outs, 1), ref_o), rel_rms(final, ref_final))
     assert min(errs) > 1e6 * TOL_CP, (SEED, errs)
 
 
@@ -184,8 +192,8 @@ def test_the_schedule_runs_each_rank_its_calls_and_no_more(monkeypatch):
     outs, final = cp.simulate(segs, h0)
     assert [calls.get(id(s), 0) for s in segs] == [1, 3, 3, 1]
     ref_o, ref_final = one_pass(P.COEFF_KACZMARZ, "scale", q, k, v, g, eta, h0)
-    assert rel_max(torch.cat(outs, 1), ref_o) <= TOL_CP
-    assert rel_max(final, ref_final) <= TOL_CP
+    assert rel_rms(torch.cat(outs, 1), ref_o) <= TOL_CP
+    assert rel_rms(final, ref_final) <= TOL_CP
     calls.clear()
     d_os = cut_like(lens, torch.randn(v.shape, **f64))
     cp.simulate(segs, h0, d_os, torch.randn(final.shape, **f64))
@@ -238,26 +246,26 @@ def test_packed_sequences_across_segments_equal_one_pass(n_seq, n_seg):
                 for r, s in enumerate(segments(lens, P.COEFF_KACZMARZ, "scale", q, k, v, g,
                                                eta))]
         outs, got_final, grads, d_h0 = cp.simulate(segs, h0, cut_like(lens, d_o), d_final)
-        errs = {"o": rel_max(torch.cat(outs, 1), o.detach()),
-                "final": rel_max(got_final, final.detach()), "dh0": rel_max(d_h0, ref[5])}
+        errs = {"o": rel_rms(torch.cat(outs, 1), o.detach()),
+                "final": rel_rms(got_final, final.detach()), "dh0": rel_rms(d_h0, ref[5])}
         for j, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
-            errs[name] = rel_max(torch.cat([gr[j] for gr in grads], 1), ref[j])
+            errs[name] = rel_rms(torch.cat([gr[j] for gr in grads], 1), ref[j])
         worst = max(errs, key=errs.get)
         assert errs[worst] <= TOL_PACKED, (f"seed {seed}, segments {lens}, cu {cu.tolist()}: "
                                        f"{worst} {errs[worst]:.3e} ({errs})")
 
 
 def rank_errors(got, ref_o, ref_final, ref_grads):
-    """rel_max of every gloo rank's results (the dicts the rank processes saved) against one pass:
+    """rel_rms of every gloo rank's results (the dicts the rank processes saved) against one pass:
     the outputs and input gradients joined over the ranks, each rank's replicated final state
     (unless ref_final is None) and initial-state gradient."""
-    errs = {"o": rel_max(torch.cat([x["o"] for x in got], 1), ref_o)}
+    errs = {"o": rel_rms(torch.cat([x["o"] for x in got], 1), ref_o)}
     for r, x in enumerate(got):
         if ref_final is not None:
-            errs[f"final@{r}"] = rel_max(x["final"], ref_final)
-        errs[f"dh0@{r}"] = rel_max(x["dh0"], ref_grads[5])
+            errs[f"final@{r}"] = rel_rms(x["final"], ref_final)
+        errs[f"dh0@{r}"] = rel_rms(x["dh0"], ref_grads[5])
     for i, name in enumerate(("dq", "dk", "dv", "dg", "deta")):
-        errs[name] = rel_max(torch.cat([x["grads"][i] for x in got], 1), ref_grads[i])
+        errs[name] = rel_rms(torch.cat([x["grads"][i] for x in got], 1), ref_grads[i])
     return errs
 
 

@@ -38,7 +38,8 @@ namespace kla::kernels {
 /// (bwd_block_chunks), each chunk's value heads in turn; the next chunk's rows are copied while the
 /// last value head of this one is prepared. The value heads' records are written as one block per
 /// chunk and value head would write them (the same operands, sums and orders: bitwise the same
-/// record).
+/// record). kSaved (kla_chunk_backward_saved: the forward saved S and U) forms no U0, so it copies
+/// no V rows and splits no A^-1 diag(beta vs): the rest of its record is bitwise the default's.
 template <class E, bool kSaved = false>
 __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
@@ -86,7 +87,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
 
   cp_input_rows(Kb0, PB, static_cast<const E*>(p.k), p.ks, pt.sr.b, pt.tb, pt.h, pt.L);
   cp_input_rows(Qb, PB, static_cast<const E*>(p.q), p.qs, pt.sr.b, pt.tb, pt.h, pt.L);
-  cp_input_rows(Vb0, PB, static_cast<const E*>(p.v), p.vs, pt.sr.b, pt.tb, pt.hv, pt.L);
+  if constexpr (!kSaved)  // V is U0's alone
+    cp_input_rows(Vb0, PB, static_cast<const E*>(p.v), p.vs, pt.sr.b, pt.tb, pt.hv, pt.L);
   cp_input_rows(dYb0, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, pt.hv, pt.L);
   cp_commit();
   token_scalars_preload(p, pt.sr, pt.tb, pt.L, pt.hv, sc + 5 * C, sc + 6 * C);  // eta, g
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
       if (jv + 1 < bp.group || more) {
         const PrepTile nt = jv + 1 < bp.group ? pt : next_chunk_tile(pt);
         const int nhv = jv + 1 < bp.group ? hv + 1 : pt.hv;
-        if (!KLA_MUTANT(bwd_prep_stale_values))
+        if (!kSaved && !KLA_MUTANT(bwd_prep_stale_values))
           cp_input_rows(vbuf ? Vb0 : Vb1, PB, static_cast<const E*>(p.v), p.vs, nt.sr.b, nt.tb, nhv,
                         nt.L);
         cp_input_rows(vbuf ? dYb0 : dYb1, PB, static_cast<const E*>(bp.dO), bp.dos, nt.sr.b, nt.tb,
@@ -207,10 +209,11 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1) bwd_prep_bf16_kernel(cons
           split_bf16x2(av[e] * (bg[j + e] * ks[j + e]), av[e + 1] * (bg[j + e + 1] * ks[j + e + 1]),
                        *reinterpret_cast<__nv_bfloat162*>(Wh + at),
                        *reinterpret_cast<__nv_bfloat162*>(Wl + at));
-          split_bf16x2(av[e] * (beta[j + e] * vs[j + e]),
-                       av[e + 1] * (beta[j + e + 1] * vs[j + e + 1]),
-                       *reinterpret_cast<__nv_bfloat162*>(Uh + at),
-                       *reinterpret_cast<__nv_bfloat162*>(Ul + at));
+          if constexpr (!kSaved)
+            split_bf16x2(av[e] * (beta[j + e] * vs[j + e]),
+                         av[e + 1] * (beta[j + e + 1] * vs[j + e + 1]),
+                         *reinterpret_cast<__nv_bfloat162*>(Uh + at),
+                         *reinterpret_cast<__nv_bfloat162*>(Ul + at));
         }
       }
       __syncthreads();
