@@ -13,7 +13,7 @@ is in the failure message); tolerances, in units of the compute type's unit roun
   * fp32 compute (fp32 inputs, what the GPU runs): 20 u32 = 1.2e-6 relative RMS, 1.5x the
     measured worst of 7.9e-7 (dg; 32 draws): roundoff through T <= 200 tokens, four chunks and
     the back substitution. Re-measured over 1,200 draws (round 2, session 31): median 8.6 u32,
-    99.9th percentile 14.0, worst 16.0 (dg), so about one draw in 10^4-10^5 comes within 1.25x.
+    99.9th percentile 14.0, worst 16.0 (dg), 0.8 of the bound.
 Each bound was shown to fail for planted faults in _backward.py (dropping the carry's decay term,
 the Kaczmarz value term of the key chain, one side of the Gram term): docs/python.md, 'Backward'.
 """
