@@ -21,8 +21,8 @@ draws of check_simulated (up to 5 segments of 0..100 tokens, K, V in {8, 16, 32}
 eta in (0.05, 0.95), key norms 0.3..3, every case below) median 6.5 u64, 99.9th percentile 20.5,
 worst 26.4 (final state; an exponential fit of the top 5% puts one draw in 10^8 above 39).
 TOL_CP = 64 u64 = 7.1e-15; the gloo tests' own draws (100 of test_distributed_ranks..., 25 of
-the packed one) came out at most 9.9 and 5.9 u64 against TOL_CP and TOL_PACKED. A dropped transition errs by O(1); one wrong token's gradient in a
-draw of 10^4 entries by about 1e-2.
+the packed one) came out at most 9.9 and 5.9 u64 against TOL_CP and TOL_PACKED. A dropped
+transition errs by O(1); one wrong token's gradient in a draw of 10^4 entries by about 1e-2.
 """
 import os
 import tempfile
