@@ -114,7 +114,7 @@ CASES = [(c, r, wg, ek, h) for c, r in ((P.COEFF_KACZMARZ, "scale"), (P.COEFF_KA
          if not (c == P.COEFF_GIVEN and ek == "float")]
 
 
-def check_simulated(case, seed, fold_states=None):
+def check_simulated(case, seed):
     coefficient, readout, with_g, eta_kind, with_h0 = case
     lens, inputs = draw(seed, coefficient, readout, with_g, eta_kind, with_h0)
     q, k, v, g, eta, h0 = inputs
@@ -166,6 +166,28 @@ def test_a_fold_without_the_transitions_fails(monkeypatch):
     outs, final = cp.simulate(segs, h0)
     errs = (rel_rms(torch.cat(outs, 1), ref_o), rel_rms(final, ref_final))
     assert min(errs) > 1e6 * TOL_CP, (SEED, errs)
+
+
+def test_a_fold_in_float32_fails(monkeypatch):
+    """A planted fault of rounding size: the fold's products and sums in float32 (its float64
+    accumulation dropped) round every segment's incoming state (the initial state included) to
+    float32, so the outputs and gradients err by about u32 = 6e-8 relative (over 400 draws at
+    least 8e5 times TOL_CP, median 2.5e6). Relative RMS must see it in a fresh draw of the first
+    case, by 10^3 times TOL_CP, while the true fold passes the same draw."""
+    def single(maps, h0):
+        dt = maps[0][1].dtype
+        s = torch.zeros_like(maps[0][1], dtype=torch.float32) if h0 is None else h0.float()
+        ins = []
+        for A, L in maps:
+            ins.append(s.to(dt))
+            s = torch.matmul(A.float(), s) + L.float()
+        return ins, s.to(dt)
+    case = CASES[0]  # Kaczmarz, read-out by scale, decay, eta a tensor, an initial state
+    _, errs = check_simulated(case, SEED)
+    assert max(errs.values()) <= TOL_CP, (SEED, errs)
+    monkeypatch.setattr(cp, "fold_states", single)
+    lens, errs = check_simulated(case, SEED)
+    assert max(errs.values()) > 1e3 * TOL_CP, (SEED, lens, errs)
 
 
 def test_the_schedule_runs_each_rank_its_calls_and_no_more(monkeypatch):
