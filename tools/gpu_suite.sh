@@ -206,10 +206,9 @@ if ((LIST)) || [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant bwd_prep_split_hi_only auto test_cuda_backward
   run_mutant bwd_sums_default_stream auto test_cuda_backward
   run_mutant bwd_running_sum_restarts auto test_cuda_backward
-  run_mutant bwd_prep_stale_values auto test_cuda_backward
+  run_mutant bwd_prep_norm_pair_unsummed auto test_cuda_backward
   run_mutant bwd_scan_x_rows_skipped auto test_cuda_backward
   run_mutant bwd_scan_keys_own_record auto test_cuda_backward
-  run_mutant bwd_prep_next_chunk_keys_skipped auto test_cuda_backward
   run_mutant bwd_grads_next_states_skipped auto test_cuda_backward
   run_mutant split_fold_transition_skipped auto test_cuda_kernels
   run_mutant saved_u_update_scaled auto test_cuda_backward

@@ -1130,15 +1130,14 @@ Problem sequence_problem(const Problem& p, int n) {
   return s;
 }
 
-/// The bf16 prep and input gradients (FAST, bf16, K = V = 128) take several chunks a block where
-/// the call has blocks to spare (bwd_block_chunks), copying a chunk's first tiles while the one
-/// before is worked on: a packed call of many sequences runs chunk groups that end inside a
-/// sequence, at its ragged last chunk or past its end, while each of its sequences called alone
-/// takes one chunk a block (the schedule CudaBackward.FastBf16AgainstMpfr checks against MPFR).
-/// Sequences are independent and neither the record nor the gradients depend on the grouping, so
-/// every gradient of each sequence in the packed call equals, bit for bit, its own call's. The
-/// kernel mutants bwd_prep_next_chunk_keys_skipped (the prep's next chunk's keys not copied) and
-/// bwd_grads_next_states_skipped (the input gradients' next head's S not copied) fail here.
+/// The bf16 input gradients (FAST, bf16, K = V = 128) take several chunks a block where the call
+/// has blocks to spare (bwd_block_chunks), copying a chunk's first tiles while the one before is
+/// worked on: a packed call of many sequences runs chunk groups that end inside a sequence, at its
+/// ragged last chunk or past its end, while each of its sequences called alone takes one chunk a
+/// block (the schedule CudaBackward.FastBf16AgainstMpfr checks against MPFR). Sequences are
+/// independent and neither the record nor the gradients depend on the grouping, so every gradient
+/// of each sequence in the packed call equals, bit for bit, its own call's. The kernel mutant
+/// bwd_grads_next_states_skipped (the input gradients' next head's S not copied) fails here.
 TEST(CudaBackward, FastBf16PackedCallMatchesEachSequenceAlone) {
   KLA_REQUIRE_GPU();
   int dev_id = 0, sms = 0;

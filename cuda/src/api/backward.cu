@@ -51,8 +51,7 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
   b.group = int(p.forward.num_v_heads / p.forward.num_heads);
   b.fast = p.forward.arithmetic == KLA_ARITHMETIC_FAST ? 1 : 0;
   b.programmatic = dev.cc_major >= 9 ? 1 : 0;
-  b.prep_chunks = kla::layout::bwd_block_chunks(pb.max_chunks, p.forward.num_heads, pb.N, dev.sms);
-  b.grads_chunks = b.prep_chunks;  // the same rule for both kernels (one block a multiprocessor)
+  b.grads_chunks = kla::layout::bwd_block_chunks(pb.max_chunks, p.forward.num_heads, pb.N, dev.sms);
   return b;
 }
 
@@ -70,7 +69,7 @@ kla_status run_backward(const kla_backward_params* p, bool use_saved, const void
   const bool bf16_grads = kla::layout::bwd_runs_bf16_input_grads(
       p->forward.arithmetic == KLA_ARITHMETIC_FAST, p->forward.dtype == KLA_DTYPE_BF16, K, V);
   const int64_t need = std::max(
-      {bf16_grads ? kla::layout::bwd_prep_bf16_smem() : kla::layout::bwd_prep_smem(K, V),
+      {bf16_grads ? kla::layout::bwd_prep_bf16_smem(use_saved) : kla::layout::bwd_prep_smem(K, V),
        kla::layout::bwd_scan_smem(K, kla::layout::bwd_scan_slice(V)),
        bf16_grads ? kla::layout::bwd_input_grads_bf16_smem() : kla::layout::bwd_grads_smem(K),
        bf16_grads ? kla::layout::bwd_state_forward_bf16_smem() : 0});

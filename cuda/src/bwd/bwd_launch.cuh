@@ -114,16 +114,15 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
   if (p.max_chunks > 0) {
     what = "the backward prep";
     if constexpr (kBwdBf16Record<E, kFast, kHD>) {
-      // One block per key head and bp.prep_chunks chunks, a chunk's value heads in turn (the key
-      // head's products formed once a chunk).
-      const dim3 groups(unsigned((p.max_chunks + bp.prep_chunks - 1) / bp.prep_chunks),
-                        unsigned(p.H), unsigned(p.N));
+      // One block per chunk and value head, a key head's value heads side by side in x.
+      const dim3 heads(unsigned(p.max_chunks * bp.group), unsigned(p.H), unsigned(p.N));
       // Saved states (bp.f.saved): the instantiation without U0 (the state scan's alone).
-      if (cudaError_t e = p.saved != nullptr
-                              ? bwd_launch(bwd_prep_bf16_kernel<E, true>, groups,
-                                           bwd_prep_bf16_smem(), bp, stream, kBwdChunkThreads)
-                              : bwd_launch(bwd_prep_bf16_kernel<E>, groups, bwd_prep_bf16_smem(),
-                                           bp, stream, kBwdChunkThreads))
+      const bool saved = p.saved != nullptr;
+      if (cudaError_t e =
+              saved ? bwd_launch(bwd_prep_bf16_kernel<E, true>, heads, bwd_prep_bf16_smem(true), bp,
+                                 stream, kBwdPrepBf16Threads)
+                    : bwd_launch(bwd_prep_bf16_kernel<E>, heads, bwd_prep_bf16_smem(false), bp,
+                                 stream, kBwdPrepBf16Threads))
         return e;
     } else {
       if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast, kHD>, chunks,

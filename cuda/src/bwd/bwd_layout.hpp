@@ -211,19 +211,28 @@ constexpr bool bwd_runs_bf16_input_grads(bool fast, bool bf16, int K, int V) {
   return fast && bf16 && K == kBwdCompiledHeadDim && V == kBwdCompiledHeadDim;
 }
 static_assert(bwd_bf16_record_fits(kBwdCompiledHeadDim, kBwdCompiledHeadDim));
-/// The bf16 prep's shared memory (bytes), K = V = kBwdCompiledHeadDim (bwd/bwd_prep_bf16.cuh): the
-/// raw K, Q, V, dO [C][K + 8] bf16; two [C][C + 4] fp32; a region of four [C][C + 8] bf16 split
-/// tiles (M's two parts first); the scalars; the inverse's scratch; the next value head's V, dO
-/// and the next chunk's K [C][K + 8] bf16.
-constexpr int64_t bwd_prep_bf16_smem() {
+/// The bf16 prep (bwd/bwd_prep_bf16.cuh): threads a block, and blocks a multiprocessor (its
+/// __launch_bounds__) without and with saved states (kla_chunk_backward_saved), which the shared
+/// memory below lets fit (kSm90SmemPerMultiprocessor).
+constexpr int kBwdPrepBf16Threads = 256, kBwdPrepBf16Blocks[2] = {2, 3};
+/// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: the raw K and Q [C][K + 8] bf16 (L
+/// [C][C + 4] fp32 in Q's place), the inverse's scratch, A^-1 [C][C + 4] fp32, the scalars [10][C];
+/// but where the forward saved S and U (`saved`), the raw V [C][K + 8] and A^-1 diag(beta vs)'s two
+/// parts [C][C + 8] bf16.
+constexpr int64_t bwd_prep_bf16_smem(bool saved) {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
-  return 2 * (4 * C * (K + 8) + 4 * C * (C + 8)) +
-         4 * (2 * C * bwd_pitch(C) + 10 * C + kInvScratch) + 2 * (3 * C * (K + 8));
+  return 2 * 2 * C * (K + 8) + 4 * (C * bwd_pitch(C) + kInvScratch + 10 * C) +
+         (saved ? 0 : 2 * (C * (K + 8) + 2 * C * (C + 8)));
 }
-/// Chunks a block of the bf16 prep (bwd/bwd_prep_bf16.cuh; BwdParams::prep_chunks) and of the
-/// bf16 input gradients (bwd/bwd_input_grads_bf16.cuh; BwdParams::grads_chunks) takes in turn, a
-/// key head's: while a chunk's last value head is worked on, the next chunk's first tiles are
-/// copied in, which a block of one chunk waits for at its start. As many as leave at least
+static_assert(kBwdPrepBf16Blocks[0] * (bwd_prep_bf16_smem(false) + kSm90SmemReservedPerBlock) <=
+                      kSm90SmemPerMultiprocessor &&
+                  kBwdPrepBf16Blocks[1] * (bwd_prep_bf16_smem(true) + kSm90SmemReservedPerBlock) <=
+                      kSm90SmemPerMultiprocessor,
+              "the bf16 prep's blocks a multiprocessor");
+/// Chunks a block of the bf16 input gradients (bwd/bwd_input_grads_bf16.cuh;
+/// BwdParams::grads_chunks) takes in turn, a key head's: while a chunk's last value head is worked
+/// on, the next chunk's first tiles are copied in, which a block of one chunk waits for at its
+/// start. As many as leave at least
 /// kBwdBlockMinWaves blocks a multiprocessor (max_chunks chunks of the longest sequence, `heads`
 /// key heads, n sequences, sms multiprocessors; each kernel one block a multiprocessor), at most
 /// kBwdBlockMaxChunks, at least 1.

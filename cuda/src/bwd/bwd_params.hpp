@@ -29,7 +29,6 @@ struct BwdParams {
   int group;         // HV / H
   int fast;          // 1: the forward's arithmetic is FAST (one-part products, bwd/block_gemm.cuh)
   int programmatic;  // 1: the device launches programmatically (sm_90 and later; bwd_launch.cuh)
-  int prep_chunks;   // chunks a block of the bf16 prep takes in turn (bwd_block_chunks)
   int grads_chunks;  // chunks a block of the bf16 input gradients takes in turn (bwd_block_chunks)
 };
 

@@ -16,35 +16,64 @@ namespace kla::kernels {
 /// running a key head's value heads forms the first once.
 
 /// Rows 0-4 and 9 from a chunk's raw key and query rows (Ks, Qs: [C] rows of pitch pk, fp32 or
-/// bf16: raw 16-bit inputs are exact in either, so the sums below are the same), zero past L.
-/// Norms are summed in a fixed order (lane-strided, then the warp's shuffle tree). Called by every
-/// thread after the rows are visible; the rows are visible after the caller's next barrier.
+/// bf16, 16-byte aligned: raw 16-bit inputs are exact in either, so the sums below are the same),
+/// zero past L. A pair of threads a row (the C key rows, then the C query rows), each squared norm
+/// in a fixed order: the 32 lane-strided partial sums of element r into partial r mod 32 (r
+/// increasing), then the butterfly of warp_sum over them, its first level across the pair. So the
+/// divisions and square roots of the scalars run on 64 threads a norm at once, not on one lane of
+/// a warp a token in turn. Called by every thread (blockDim.x a multiple of 64) after the rows are
+/// visible; the rows are visible after the caller's next barrier.
 template <class T>
 __device__ __forceinline__ void bwd_prep_key_scalars(const KernelParams& p, const T* Ks,
                                                      const T* Qs, int pk, int K, int L, float* sc) {
-  constexpr int C = kChunk;
-  const int lane = threadIdx.x & 31;
-  // One warp per token.
-  for (int i = int(threadIdx.x >> 5); i < C; i += int(blockDim.x >> 5)) {
-    float n2 = 0.f, qn2 = 0.f;
-    for (int r = lane; r < K; r += 32) {
-      n2 = fmaf(tof(Ks[i * pk + r]), tof(Ks[i * pk + r]), n2);
-      qn2 = fmaf(tof(Qs[i * pk + r]), tof(Qs[i * pk + r]), qn2);
+  constexpr int C = kChunk, VE = 16 / int(sizeof(T)), kHalf = 16 / VE;  // vectors a half-cycle
+  const int half = int(threadIdx.x) & 1;
+  // 2 C rows, 16 a warp: every lane of a warp takes a row or none (the shuffle below is the
+  // warp's).
+  for (int task = int(threadIdx.x) >> 1; task < 2 * C; task += int(blockDim.x) >> 1) {
+    const bool isq = task >= C;
+    const int i = isq ? task - C : task;
+    const T* row = (isq ? Qs : Ks) + i * pk;
+    // a[l]: partial 16 half + l, elements r = 32 m + 16 half + l for m = 0, 1, ...
+    float a[16] = {};
+    for (int v0 = 0; v0 < K / VE; v0 += 2 * kHalf) {
+#pragma unroll
+      for (int vv = 0; vv < kHalf; ++vv) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(row + VE * (v0 + kHalf * half + vv));
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int u = 0; u < VE; ++u) a[VE * vv + u] = fmaf(tof(e[u]), tof(e[u]), a[VE * vv + u]);
+      }
     }
-    n2 = warp_sum(n2);
-    qn2 = warp_sum(qn2);
-    if (lane == 0) {
-      const bool ok = i < L;
+    // warp_sum's butterfly on lane 0's side: x + x^16 (across the pair), then x + x^8, ..., x +
+    // x^1. The kernel mutant bwd_prep_norm_pair_unsummed drops the pair's level: each norm then
+    // sums the squares of half its elements.
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      const float other = __shfl_xor_sync(0xffffffffu, a[l], 1);
+      if (!KLA_MUTANT(bwd_prep_norm_pair_unsummed)) a[l] += other;
+    }
+#pragma unroll
+    for (int l = 0; l < 8; ++l) a[l] += a[l + 8];
+#pragma unroll
+    for (int l = 0; l < 4; ++l) a[l] += a[l + 4];
+    a[0] += a[2], a[1] += a[3];
+    a[0] += a[1];
+    const float n2 = a[0];
+    const bool ok = i < L;
+    if (half == 1) continue;
+    if (!isq) {
       // eta does not enter kscale or vscale (token_coef); beta is the head's (below)
       const TokenCoef tc = ok ? token_coef(n2, 0.f, p) : TokenCoef{0.f, 0.f, 0.f};
       sc[0 * C + i] = tc.kscale;
       sc[1 * C + i] = tc.vscale;
       sc[2 * C + i] = p.l2norm == 2 ? 1.0f / sqrtf(n2 + kQkL2NormEps) : 1.0f;
-      sc[3 * C + i] = p.l2norm == 2   ? 1.0f / sqrtf(qn2 + kQkL2NormEps)
-                      : p.l2norm == 1 ? (qn2 > 0.f ? 1.0f / sqrtf(qn2) : 0.f)
-                                      : 1.0f;
-      sc[4 * C + i] = ok ? readout_scale(qn2, p) : 0.f;
       sc[9 * C + i] = n2;
+    } else {
+      sc[3 * C + i] = p.l2norm == 2   ? 1.0f / sqrtf(n2 + kQkL2NormEps)
+                      : p.l2norm == 1 ? (n2 > 0.f ? 1.0f / sqrtf(n2) : 0.f)
+                                      : 1.0f;
+      sc[4 * C + i] = ok ? readout_scale(n2, p) : 0.f;
     }
   }
 }

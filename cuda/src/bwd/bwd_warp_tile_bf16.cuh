@@ -254,17 +254,36 @@ __device__ __forceinline__ void store_padded_rows(bf16* dst, const bf16* src, in
                                                    : make_uint4(0u, 0u, 0u, 0u);
 }
 
-/// A [C][V] bf16 tile of shared memory (pitch PB) to the record by value slice, as the
-/// state-gradient scan copies a slice in (bwd_bf16_record_fits, BwdRecord::b_do): slice s
-/// [C][kBwdBf16SlicePitch] whole (the padding zero), 16 bytes a copy, by threads i of n.
-__device__ __forceinline__ void store_slices(bf16* dst, const bf16* src, int i, int n) {
+/// The raw dY of a chunk ([C][V] rows [0, L) of a [B,T,HV,V] bf16 input; batch row b, tokens from
+/// tb, head `head`, strides st) to the record by value slice, as the state-gradient scan copies a
+/// slice in (bwd_bf16_record_fits, BwdRecord::b_do): slice s [C][kBwdBf16SlicePitch] whole, rows
+/// past L and the padding zero, through registers (no shared memory): a thread's 16-byte units
+/// idx = threadIdx.x + u blockDim.x of the record's tile in order, all loaded (load_dy_slices)
+/// before any is stored (store_dy_slices), so that the loads overlap whatever the caller does
+/// between the two.
+constexpr int kDySliceUnits = (V / kBwdBf16Slice) * C * (kBwdBf16SlicePitch / 8);
+template <int kPer>
+__device__ __forceinline__ void load_dy_slices(uint4 (&x)[kPer], const bf16* base,
+                                               const int64_t* st, int64_t b, int64_t tb, int head,
+                                               int L) {
   constexpr int U = kBwdBf16SlicePitch / 8;  // 16-byte units a slice's row, the last one padding
-  for (int idx = i; idx < (V / kBwdBf16Slice) * C * U; idx += n) {
-    // idx = (s * C + r) * U + u: dst's 16-byte units in order
-    const int u = idx % U, r = (idx / U) % C, s = idx / (U * C);
-    *reinterpret_cast<uint4*>(dst + 8 * idx) =
-        u < U - 1 ? *reinterpret_cast<const uint4*>(src + r * PB + s * kBwdBf16Slice + 8 * u)
-                  : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    // idx = (s * C + r) * U + w
+    const int idx = int(threadIdx.x) + u * int(blockDim.x);
+    const int w = idx % U, r = (idx / U) % C, sl = idx / (U * C);
+    x[u] = idx < kDySliceUnits && w < U - 1 && r < L
+               ? *reinterpret_cast<const uint4*>(base + b * st[0] + (tb + r) * st[1] +
+                                                 int64_t(head) * st[2] + sl * kBwdBf16Slice + 8 * w)
+               : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+template <int kPer>
+__device__ __forceinline__ void store_dy_slices(bf16* dst, const uint4 (&x)[kPer]) {
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int idx = int(threadIdx.x) + u * int(blockDim.x);
+    if (idx < kDySliceUnits) *reinterpret_cast<uint4*>(dst + 8 * idx) = x[u];
   }
 }
 

@@ -25,10 +25,10 @@ enum class KernelMutant : int {
   bwd_sums_default_stream,    // bwd/bwd_launch.cuh: the key-head sums on the legacy stream
   bwd_running_sum_restarts,   // bwd/bwd_warp_tile_bf16.cuh: each value head's dq^, dk^ replace the
                               // sum
-  bwd_prep_stale_values,      // bwd/bwd_prep_bf16.cuh: the next value head's V rows not fetched
-  bwd_scan_x_rows_skipped,    // bwd/bwd_state_backward_bf16.cuh: X's rows 32-63 left zero
-  bwd_scan_keys_own_record,   // bwd/bwd_state_*_bf16.cuh: raw keys, queries from the head's record
-  bwd_prep_next_chunk_keys_skipped,  // bwd/bwd_prep_bf16.cuh: a block's next chunk's K not fetched
+  bwd_prep_norm_pair_unsummed,  // bwd/bwd_prep_scalars.cuh: a key / query norm without its pair's
+                                // half
+  bwd_scan_x_rows_skipped,      // bwd/bwd_state_backward_bf16.cuh: X's rows 32-63 left zero
+  bwd_scan_keys_own_record,  // bwd/bwd_state_*_bf16.cuh: raw keys, queries from the head's record
   bwd_grads_next_states_skipped,     // bwd/bwd_input_grads_bf16.cuh: the next head's S not fetched
   split_fold_transition_skipped,     // cp/segments.cu: the fold carries L alone (S_in = L)
   saved_u_update_scaled,             // scan/wy_scan.cuh: the saved U keeps step B's update scale
@@ -52,10 +52,9 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_prep_split_hi_only",
                                                      "bwd_sums_default_stream",
                                                      "bwd_running_sum_restarts",
-                                                     "bwd_prep_stale_values",
+                                                     "bwd_prep_norm_pair_unsummed",
                                                      "bwd_scan_x_rows_skipped",
                                                      "bwd_scan_keys_own_record",
-                                                     "bwd_prep_next_chunk_keys_skipped",
                                                      "bwd_grads_next_states_skipped",
                                                      "split_fold_transition_skipped",
                                                      "saved_u_update_scaled",
