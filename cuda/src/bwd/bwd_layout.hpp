@@ -232,10 +232,9 @@ static_assert(kBwdPrepBf16Blocks[0] * (bwd_prep_bf16_smem(false) + kSm90SmemRese
 /// Chunks a block of the bf16 input gradients (bwd/bwd_input_grads_bf16.cuh;
 /// BwdParams::grads_chunks) takes in turn, a key head's: while a chunk's last value head is worked
 /// on, the next chunk's first tiles are copied in, which a block of one chunk waits for at its
-/// start. As many as leave at least
-/// kBwdBlockMinWaves blocks a multiprocessor (max_chunks chunks of the longest sequence, `heads`
-/// key heads, n sequences, sms multiprocessors; each kernel one block a multiprocessor), at most
-/// kBwdBlockMaxChunks, at least 1.
+/// start. As many as leave at least kBwdBlockMinWaves blocks a multiprocessor (max_chunks chunks
+/// of the longest sequence, `heads` key heads, n sequences, sms multiprocessors; the kernel one
+/// block a multiprocessor), at most kBwdBlockMaxChunks, at least 1.
 constexpr int kBwdBlockMaxChunks = 4, kBwdBlockMinWaves = 4;
 constexpr int bwd_block_chunks(int64_t max_chunks, int64_t heads, int64_t n, int64_t sms) {
   int c = kBwdBlockMaxChunks;

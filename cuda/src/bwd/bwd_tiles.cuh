@@ -36,8 +36,8 @@ __device__ __forceinline__ float* bwd_record(const BwdParams& bp, int n, const S
 }
 
 /// The tile of value head hv, chunk c, this block's sequence (grid z), in the kernels whose grid
-/// has key heads in y and runs a key head's value heads in turn (the bf16 prep and input
-/// gradients, where prep_tile would read y as a value head).
+/// has key heads in y (the bf16 prep and input gradients, where prep_tile would read y as a value
+/// head).
 __device__ __forceinline__ PrepTile bwd_head_tile(const KernelParams& p, int c, int hv) {
   return prep_tile_at(p, c, hv, int(blockIdx.z));
 }

@@ -259,8 +259,8 @@ __device__ __forceinline__ void store_padded_rows(bf16* dst, const bf16* src, in
 /// slice in (bwd_bf16_record_fits, BwdRecord::b_do): slice s [C][kBwdBf16SlicePitch] whole, rows
 /// past L and the padding zero, through registers (no shared memory): a thread's 16-byte units
 /// idx = threadIdx.x + u blockDim.x of the record's tile in order, all loaded (load_dy_slices)
-/// before any is stored (store_dy_slices), so that the loads overlap whatever the caller does
-/// between the two.
+/// before any is stored (store_dy_slices), so that a thread's loads are in flight together (the
+/// bf16 prep issues them beside its rows' cp.async copies).
 constexpr int kDySliceUnits = (V / kBwdBf16Slice) * C * (kBwdBf16SlicePitch / 8);
 template <int kPer>
 __device__ __forceinline__ void load_dy_slices(uint4 (&x)[kPer], const bf16* base,
