@@ -87,28 +87,22 @@ __device__ __forceinline__ float quarter_sum(const float* parts, int i) {
 }
 
 /// The prologue backwards and the writes, one warp per token: from dq^ (dqh) and dk^ (dkh), [C]
-/// rows of pitch ph in shared memory, the keys k^ (kh, pitch pk: shared memory or the record; or,
-/// kRawKeys, fl(kscale k) from the raw row, bitwise the prep's k^),
+/// rows of pitch ph in shared memory, the keys k^ (kh, pitch pk: shared memory or the record),
 /// dR and the scalars in the record, the raw values (v^ = vscale v, as the prep scales them), beta,
 /// dg (dGs) and dG's share of dbeta (dbs):
 ///   dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out, else qs dq^;
 ///   dv = vscale beta dR, dbeta = dbs + v^ . dR;
-///   dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^, t1 = k^ . dk^ + beta v^ . dR (+ t1_more[i] where
-///   given), then the qk l2-norm's chain.
+///   dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^, t1 = k^ . dk^ + beta v^ . dR, then the qk l2-norm's
+///   chain.
 /// Lane l holds elements l + 32 m (m < kRowSlots), every global read of a token issued before any
-/// is used. dq, dk go out directly where a key head has one value head, or under kRawKeys (the bf16
-/// input gradients, whose dq^, dk^ are already summed over the key head's value heads: the
-/// prologue is linear in them, and t1_more carries the other value heads' beta v^ . dR); else, for
-/// grouped value heads, into the head's own record (R.dq, R.dk), which bwd_group_sum_kernel sums
-/// afterwards. Under kRawKeys the caller has written dv already and gives v^ . dR as parts
-/// (vparts, quarter_sum).
-template <class E, bool kRawKeys = false>
+/// is used. dq, dk go out directly where a key head has one value head; else, for grouped value
+/// heads, into the head's own record (R.dq, R.dk), which bwd_group_sum_kernel sums afterwards.
+/// (The bf16 input gradients run the same math on their warps' tiles: bwd_token_grads_tile.)
+template <class E>
 __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepTile& pt, float* rec,
                                                 int K, int V, const float* dqh, const float* dkh,
                                                 int ph, const float* kh, int pk, const float* beta,
-                                                const float* dGs, const float* dbs,
-                                                const float* t1_more = nullptr,
-                                                const float* vparts = nullptr) {
+                                                const float* dGs, const float* dbs) {
   const KernelParams& p = bp.f;
   constexpr int C = kChunk;
   constexpr int kRowSlots = kBwdMaxHeadDim / 32;
@@ -120,7 +114,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
   const E* vb = static_cast<const E*>(p.v);
   E* dvb = static_cast<E*>(bp.dv);
   const float* rs = rec + R.sc;
-  const bool direct = kRawKeys || bp.group == 1;
+  const bool direct = bp.group == 1;
   auto put = [&](E* out, int64_t at, float x) {
     if (direct)
       *out = Dtype<E>::from_float(x);
@@ -138,16 +132,13 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
     for (int m = 0; m < kRowSlots; ++m) {
       const int r = lane + 32 * m;
       q0[m] = p.l2norm != 0 && r < K ? tof(qrow[r]) : 0.f;
-      k0[m] = (kRawKeys || p.l2norm == 2) && r < K ? tof(krow[r]) : 0.f;
-      if constexpr (!kRawKeys) {
-        vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;  // v^ = vscale v, as the prep computes it
-        dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
-      }
+      k0[m] = p.l2norm == 2 && r < K ? tof(krow[r]) : 0.f;
+      vh[m] = r < V ? tof(vrow[r]) * ks : 0.f;  // v^ = vscale v, as the prep computes it
+      dr[m] = r < V ? rec[R.du + int64_t(i) * V + r] : 0.f;
     }
     const float qn = rs[kScQnorm * C + i], qs = rs[kScQscale * C + i];
     const float kn = rs[kScKnorm * C + i], bi = beta[i];
-    const float ksc = kRawKeys ? rs[kScKscale * C + i] : 0.f;
-    auto khat = [&](int m, int r) { return kRawKeys ? ksc * k0[m] : kh[i * pk + r]; };
+    auto khat = [&](int r) { return kh[i * pk + r]; };
     // dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out (q^ = qn q), else qs dq^.
     float dot = 0.f;
 #pragma unroll
@@ -168,16 +159,15 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
 #pragma unroll
     for (int m = 0; m < kRowSlots; ++m) {
       const int r = lane + 32 * m;
-      if (!kRawKeys && r < V) {
+      if (r < V) {
         vdr = fmaf(vh[m], dr[m], vdr);
         dvb[b * bp.dvs[0] + t * bp.dvs[1] + int64_t(hv) * bp.dvs[2] + r] =
             Dtype<E>::from_float(ks * (bi * dr[m]));
       }
-      if (r < K) t1 = fmaf(khat(m, r), dkh[i * ph + r], t1);
+      if (r < K) t1 = fmaf(khat(r), dkh[i * ph + r], t1);
     }
-    vdr = kRawKeys ? quarter_sum(vparts, i) : warp_sum(vdr);
+    vdr = warp_sum(vdr);
     t1 = fmaf(bi, vdr, warp_sum(t1));
-    if (t1_more) t1 += t1_more[i];
     // dk1 = s (dk^ - k^ t1) (Kaczmarz) or dk^; then the qk l2-norm's chain through k1 = kn k.
     float dk1[kRowSlots], t2 = 0.f;
 #pragma unroll
@@ -185,7 +175,7 @@ __device__ __forceinline__ void bwd_token_grads(const BwdParams& bp, const PrepT
       const int r = lane + 32 * m;
       dk1[m] = 0.f;
       if (r >= K) continue;
-      dk1[m] = p.kaczmarz ? ks * (dkh[i * ph + r] - khat(m, r) * t1) : dkh[i * ph + r];
+      dk1[m] = p.kaczmarz ? ks * (dkh[i * ph + r] - khat(r) * t1) : dkh[i * ph + r];
       t2 = fmaf(k0[m] * kn, dk1[m], t2);
     }
     t2 = warp_sum(t2);

@@ -148,11 +148,11 @@ __device__ __forceinline__ void bwd_gate_sums(const float* rowg, const float* co
   dbeta += t;
 }
 
-/// The per-token writes of a value head whose dq^, dk^ are summed into a later value head's (the
-/// bf16 input gradients, a key head's value heads before its last, bwd_token_grads; its dv is
-/// written already): deta = dbs + v^ . dR and dg, a thread a token; and this head's
-/// beta v^ . dR, its share in the last head's t1, added to t1_sum[i] (set by the group's first
-/// value head: `first`). Thread i handles token i in every head's pass.
+/// The per-token writes of every value head, a thread a token (thread i handles token i in every
+/// head's pass): deta = dbs + v^ . dR and dg (its dv is written already by bwd_value_grads_tile);
+/// and, where t1_sum is given (a key head's value heads before its last, whose dq^, dk^ are summed
+/// into the last head's), this head's beta v^ . dR, its share in the last head's t1, added to
+/// t1_sum[i] (set by the group's first value head: `first`).
 __device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const PrepTile& pt,
                                                      const float* beta, const float* dGs,
                                                      const float* dbs, const float* vparts,
@@ -163,7 +163,119 @@ __device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const 
   const float vdr = quarter_sum(vparts, i);
   if (bp.dg) bp.dg[b * bp.dgs[0] + t * bp.dgs[1] + pt.hv] = dGs[i];
   if (bp.deta) bp.deta[b * bp.des[0] + t * bp.des[1] + pt.hv] = dbs[i] + vdr;
-  t1_sum[i] = (first ? 0.f : t1_sum[i]) + beta[i] * vdr;
+  if (t1_sum) t1_sum[i] = (first ? 0.f : t1_sum[i]) + beta[i] * vdr;
+}
+
+/// The prologue backwards of a key head (bwd_token_grads's math) on the warp's tiles of dq^ (dq)
+/// and dk^ (dk), rows i0.., columns n0.. in the mma.sync accumulator layout, summed over the key
+/// head's value heads (the prologue is linear in them), from the raw q, k at the same elements and
+/// the last value head's record scalars rs:
+///   dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out (q^ = qnorm q), else qs dq^;
+///   dk1 = vscale (dk^ - k^ t1) (Kaczmarz) or dk^, t1 = k^ . dk^ + beta v^ . dR (+ t1_more[i],
+///   the earlier value heads' beta v^ . dR, where given); dk = knorm (dk1 - k1 (k1 . dk1)),
+///   k1 = knorm k, under the qk l2-norm, else dk1.
+/// Each row dot is the warp's part over its 32 columns (a thread's 8 in a fixed order, then the
+/// lane quad's butterfly) put in parts ([3][C][4]: q^ . dq^, k^ . dk^, k1 . dk1 by column
+/// quarter) and summed by quarter_sum after a barrier: two barriers, every thread of the block.
+/// dq, dk are written as bf16 pairs, rows at or past L not written. dk is overwritten by dk1.
+template <class E>
+__device__ __forceinline__ void bwd_token_grads_tile(const BwdParams& bp, const PrepTile& pt,
+                                                     const float* rs, const float (&dq)[4][4],
+                                                     float (&dk)[4][4], int i0, int n0,
+                                                     const float* beta, const float* vparts,
+                                                     const float* t1_more, float* parts) {
+  const KernelParams& p = bp.f;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, quarter = (threadIdx.x >> 5) & 3;
+  const int64_t b = pt.sr.b;
+  uint32_t qraw[2][4], kraw[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = i0 + g + 8 * h;
+    const int64_t tok = pt.tb + (row < pt.L ? row : 0);
+    const E* qrow =
+        static_cast<const E*>(p.q) + b * p.qs[0] + tok * p.qs[1] + int64_t(pt.h) * p.qs[2];
+    const E* krow =
+        static_cast<const E*>(p.k) + b * p.ks[0] + tok * p.ks[1] + int64_t(pt.h) * p.ks[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      qraw[h][j] = *reinterpret_cast<const uint32_t*>(qrow + n0 + 8 * j + 2 * t);
+      kraw[h][j] = *reinterpret_cast<const uint32_t*>(krow + n0 + 8 * j + 2 * t);
+    }
+  }
+  auto quad_put = [&](float x, int which, int row) {
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    if (t == 0) parts[(which * kChunk + row) * 4 + quarter] = x;
+  };
+  // q^ . dq^ and k^ . dk^: this warp's parts
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = i0 + g + 8 * h;
+    const bool ok = row < pt.L;
+    const float qn = ok && p.l2norm != 0 ? rs[kScQnorm * kChunk + row] : 0.f;
+    const float ksc = ok ? rs[kScKscale * kChunk + row] : 0.f;
+    float pq = 0.f, pk = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 q = Dtype<E>::unpack2(qraw[h][j]), k = Dtype<E>::unpack2(kraw[h][j]);
+      pq = fmaf(q.y * qn, dq[j][2 * h + 1], fmaf(q.x * qn, dq[j][2 * h], pq));
+      pk = fmaf(ksc * k.y, dk[j][2 * h + 1], fmaf(ksc * k.x, dk[j][2 * h], pk));
+    }
+    quad_put(pq, 0, row);
+    quad_put(pk, 1, row);
+  }
+  __syncthreads();  // the first two dots' parts complete
+  // dq out; dk1 and k1 . dk1's parts
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = i0 + g + 8 * h;
+    const bool ok = row < pt.L;  // rows past L: every factor 0, nothing written
+    const float qn = ok && p.l2norm != 0 ? rs[kScQnorm * kChunk + row] : 0.f;
+    const float qs = ok ? rs[kScQscale * kChunk + row] : 0.f;
+    const float kn = ok ? rs[kScKnorm * kChunk + row] : 0.f;
+    const float ksc = ok ? rs[kScKscale * kChunk + row] : 0.f;
+    const float vs = ok ? rs[kScVscale * kChunk + row] : 0.f;
+    const float dot = quarter_sum(parts, row);
+    float t1 = fmaf(beta[row], quarter_sum(vparts, row), quarter_sum(parts + 4 * kChunk, row));
+    if (t1_more && ok) t1 += t1_more[row];
+    E* dqrow = static_cast<E*>(bp.dq) + b * bp.dqs[0] + (pt.tb + (ok ? row : 0)) * bp.dqs[1] +
+               int64_t(pt.h) * bp.dqs[2];
+    float pk = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 q = Dtype<E>::unpack2(qraw[h][j]), k = Dtype<E>::unpack2(kraw[h][j]);
+      const float x0 = qs * (dq[j][2 * h] - q.x * qn * dot);
+      const float x1 = qs * (dq[j][2 * h + 1] - q.y * qn * dot);
+      if (ok) *reinterpret_cast<uint32_t*>(dqrow + n0 + 8 * j + 2 * t) = Dtype<E>::pack2(x0, x1);
+      float& d0 = dk[j][2 * h];
+      float& d1 = dk[j][2 * h + 1];
+      if (p.kaczmarz) {
+        d0 = vs * (d0 - ksc * k.x * t1);
+        d1 = vs * (d1 - ksc * k.y * t1);
+      }
+      pk = fmaf(k.y * kn, d1, fmaf(k.x * kn, d0, pk));
+    }
+    quad_put(pk, 2, row);
+  }
+  __syncthreads();  // k1 . dk1's parts complete
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = i0 + g + 8 * h;
+    if (row >= pt.L) continue;
+    const float kn = rs[kScKnorm * kChunk + row], t2 = quarter_sum(parts + 8 * kChunk, row);
+    E* dkrow = static_cast<E*>(bp.dk) + b * bp.dks[0] + (pt.tb + row) * bp.dks[1] +
+               int64_t(pt.h) * bp.dks[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 k = Dtype<E>::unpack2(kraw[h][j]);
+      float x0 = dk[j][2 * h], x1 = dk[j][2 * h + 1];
+      if (p.l2norm == 2) {
+        x0 = kn * (x0 - k.x * kn * t2);
+        x1 = kn * (x1 - k.y * kn * t2);
+      }
+      *reinterpret_cast<uint32_t*>(dkrow + n0 + 8 * j + 2 * t) = Dtype<E>::pack2(x0, x1);
+    }
+  }
 }
 
 /// kla_chunk_backward_saved (kSaved: the kernel instantiated for bp.f.saved): where a head reads
@@ -181,14 +293,14 @@ __device__ __forceinline__ const __nv_bfloat16* bwd_saved_states(const BwdParams
 
 /// The gradients of one value head's chunk (pt, L > 0), value head j of its key head's bp.group;
 /// dq, dk once the key head's last value head is done (bwd_input_grads_bf16_kernel); rec its
-/// record. The block's previous head copied in this head's dO, U and dU where rows_copied (it was
-/// the same chunk's), and its A^-1, S and dS where states_copied. `next`: the record of the
-/// block's next head (null if none), whose A^-1, S and dS this head copies in once its own last
-/// reads of them are done, and its dO, U and dU where it is this chunk's next value head.
+/// record. The block's previous head copied in this head's tiles (dO, U, dU, A^-1, S, dS) where
+/// `copied`. `next`: the record of the block's next head (null if none: this chunk's next value
+/// head or the next chunk's first), whose tiles this head copies in once its own last reads of
+/// them are done.
 template <class E, bool kSaved>
 __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, const PrepTile& pt,
-                                                          int j, float* rec, bool rows_copied,
-                                                          bool states_copied, const float* next) {
+                                                          int j, float* rec, bool copied,
+                                                          const float* next) {
   using namespace bwd_bf16;
   const KernelParams& p = bp.f;
   const int L = pt.L, hv = pt.hv;
@@ -196,12 +308,10 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   const int tid = thread_index_here();
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 
-  // Shared memory (bwd_input_grads_bf16_smem). Region 0: dY, U, dU, dR [C][PB] bf16, then (the key
-  // head's last value head) dq^, dk^ [C][PK] fp32. Region 1: S, dS [K][PB] bf16. Then A^-1
-  // [C][PBC], K^, Q^ [C][PB], Pm, Z [C][PBC] bf16; the scalars. A^-1 is free once dR is formed,
-  // regions 0 and 1 once the products with dY, U, dU, dR, S and dS are: the next head's tiles are
-  // copied in then, behind this head's remaining phases (region 0 only where this head is not its
-  // key head's last, which writes dq^, dk^ there).
+  // Shared memory (bwd_input_grads_bf16_smem). Region 0: dY, U, dU, dR [C][PB] bf16. Region 1: S,
+  // dS [K][PB] bf16. Then A^-1 [C][PBC], K^, Q^ [C][PB], Pm, Z [C][PBC] bf16; the scalars. A^-1 is
+  // free once dR is formed, regions 0 and 1 once the products with dY, U, dU, dR, S and dS are:
+  // the next head's tiles are copied in then, behind this head's remaining phases.
   extern __shared__ float4 smem4[];
   char* const r0 = reinterpret_cast<char*>(smem4);
   char* const r1 = r0 + 2 * 4 * C * PB;
@@ -211,9 +321,6 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   bf16* const dRb = dUb + C * PB;
   bf16* const Sb = reinterpret_cast<bf16*>(r1);
   bf16* const dSb = Sb + K * PB;
-  static_assert(2 * C * PK * 4 <= 4 * C * PB * 2, "dq^, dk^ fit region 0");
-  float* const dqh = reinterpret_cast<float*>(r0);
-  float* const dkh = dqh + C * PK;
   bf16* const Aib = reinterpret_cast<bf16*>(r1 + 2 * 2 * K * PB);
   bf16* const Khb = Aib + C * PBC;
   bf16* const Qhb = Khb + C * PB;
@@ -223,30 +330,27 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   float* const colg = rowg + 2 * kBwdGateRowParts;             // [2][C][4]
   float* const G = colg + 2 * kBwdGateColParts;
   float* const beta = G + C;
-  float* const dGs = beta + C;          // dG_i, then dg_i
-  float* const dbs = dGs + C;           // dbeta_i
-  float* const zs = dbs + C;            // z_i = Gamma_Ci k^_i . (dS u_i)
-  float* const eg = zs + C;             // e^G_i
-  float* const gc = eg + C;             // Gamma_Ci
-  float* const rowp = gc + C;           // [3][C][4] the row terms' parts, by column quarter
-  float* const red = rowp + 3 * C * 4;  // [16] parts of sum(dS o S), one a warp
+  float* const dGs = beta + C;  // dG_i, then dg_i
+  float* const dbs = dGs + C;   // dbeta_i
+  float* const zs = dbs + C;    // z_i = Gamma_Ci k^_i . (dS u_i)
+  float* const eg = zs + C;     // e^G_i
+  float* const gc = eg + C;     // Gamma_Ci
+  float* const rowp = gc + C;   // [3][C][4] row terms' parts by quarter, then the prologue's
+  float* const red = rowp + 3 * C * 4;                // [16] parts of sum(dS o S), one a warp
   float* const t1_sum = red + kBwdChunkThreads / 32;  // [C] the earlier value heads' beta v^ . dR
   float* const vparts = t1_sum + C;                   // [C][4] v^ . dR by column quarter
 
   // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
-  // cp.async, but those the previous head copied in (rows_copied: dO, U, dU; states_copied: A^-1,
-  // S, dS); meanwhile, for the key head's first value head, K^, Q^ from the raw rows, scaled and
-  // rounded to bf16 (load_scaled_rows). They are the key head's (kscale and qscale are the same in
-  // every value head's record) and nothing else writes their shared memory, so the block's later
-  // value heads find them there.
+  // cp.async, unless the previous head copied them in; meanwhile, for the key head's first value
+  // head, K^, Q^ from the raw rows, scaled and rounded to bf16 (load_scaled_rows). They are the key
+  // head's (kscale and qscale are the same in every value head's record) and nothing else writes
+  // their shared memory, so the block's later value heads find them there.
   {
     const bf16* rb = reinterpret_cast<const bf16*>(rec);
-    if (!rows_copied) {
+    if (!copied) {
       cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv, L);
       cp_tile_bf16<V>(dUb, PB, rb + R.b_du, C);
       cp_tile_bf16<V>(Ub, PB, kSaved ? bwd_saved_states(bp, rec) + K * V : rb + R.b_u, C);
-    }
-    if (!states_copied) {
       cp_tile_bf16<C>(Aib, PBC, rb + R.b_ainv, C);
       cp_tile_bf16<V>(Sb, PB, kSaved ? bwd_saved_states(bp, rec) : rb + R.b_s, K);
       cp_tile_bf16<V>(dSb, PB, rb + R.b_ds, K);
@@ -374,11 +478,15 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     if (!KLA_MUTANT(bwd_grads_next_states_skipped))
       cp_tile_bf16<V>(Sb, PB, kSaved ? bwd_saved_states(bp, next) : next_rb + R.b_s, K);
     cp_tile_bf16<V>(dSb, PB, next_rb + R.b_ds, K);
-    if (j + 1 < bp.group) {  // the same chunk's next value head: region 0 too
-      cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, pt.tb, hv + 1, L);
-      cp_tile_bf16<V>(dUb, PB, next_rb + R.b_du, C);
-      cp_tile_bf16<V>(Ub, PB, kSaved ? bwd_saved_states(bp, next) + K * V : next_rb + R.b_u, C);
-    }
+    // region 0: the next head's dO rows, this chunk's (value head hv + 1) or the next chunk's
+    // (its first value head, tokens from tb + C, as many as are left of the sequence)
+    const bool same = j + 1 < bp.group;
+    const int64_t ntb = same ? pt.tb : pt.tb + C;
+    const int64_t left = pt.sr.t0 + pt.sr.len - ntb;
+    cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, ntb,
+                  same ? hv + 1 : pt.h * bp.group, same ? L : int(left < C ? left : C));
+    cp_tile_bf16<V>(dUb, PB, next_rb + R.b_du, C);
+    cp_tile_bf16<V>(Ub, PB, kSaved ? bwd_saved_states(bp, next) + K * V : next_rb + R.b_u, C);
     cp_commit();
   }
   if (tid < C) {
@@ -416,7 +524,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   // dq^, dk^ summed over the key head's value heads in value-head order (the prologue backwards
   // is linear in them): the earlier heads' sum from the group's first head's record (R.dq, R.dk,
   // fp32, written there by this thread in the previous head's pass), then either to the record
-  // again or, for the last head, to shared memory for the prologue.
+  // again or, for the last head, through the prologue on the tiles.
   const bool last = j == bp.group - 1;
   float* const sum = bwd_record_of_head(bp, rec, hv, pt.h * bp.group);
   if (j > 0) {
@@ -427,14 +535,11 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     store_tile(sum + R.dq, K, i0, n0, a1);
     store_tile(sum + R.dk, K, i0, n0, a2);
     __syncthreads();  // dg (thread 0's cumulative sum) complete
-    bwd_value_head_grads(bp, pt, beta, dGs, dbs, vparts, t1_sum, j == 0);
-    return;
+  } else {  // its barriers complete dg too; rowp's row terms were read above the gate sums
+    bwd_token_grads_tile<E>(bp, pt, rec + R.sc, a1, a2, i0, n0, beta, vparts,
+                            j > 0 ? t1_sum : nullptr, rowp);
   }
-  store_tile(dqh, PK, i0, n0, a1);  // region 0: free since the barrier above the gate sums
-  store_tile(dkh, PK, i0, n0, a2);
-  __syncthreads();
-  bwd_token_grads<E, true>(bp, pt, rec, K, V, dqh, dkh, PK, nullptr, 0, beta, dGs, dbs,
-                           j > 0 ? t1_sum : nullptr, vparts);
+  bwd_value_head_grads(bp, pt, beta, dGs, dbs, vparts, last ? nullptr : t1_sum, j == 0);
 }
 
 /// Grid (chunk group, key head, sequence): bp.grads_chunks consecutive chunks a block
@@ -442,9 +547,8 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
 /// as they go and the prologue backwards run once on the sum (it is linear in them), so no key-head
 /// sum kernel follows. Each element of the running sum stays with one thread (the same warp and
 /// lane in every head's pass), so it needs no synchronisation beyond that thread's program order.
-/// Each head copies in the next one's A^-1, S and dS (the next chunk's first head's after a
-/// chunk's last) and, within a chunk, its dO, U and dU: the gradients are those of one block per
-/// chunk, bitwise.
+/// Each head copies in the next one's tiles (dO, U, dU, A^-1, S, dS; the next chunk's first head's
+/// after a chunk's last): the gradients are those of one block per chunk, bitwise.
 template <class E, bool kSaved = false>
 __global__ void __launch_bounds__(kBwdChunkThreads, 1)
     bwd_input_grads_bf16_kernel(const BwdParams bp) {
@@ -453,7 +557,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
   const int hv0 = int(blockIdx.y) * bp.group;
   PrepTile pt = bwd_head_tile(bp.f, int(blockIdx.x) * bp.grads_chunks, hv0);
   if (pt.L == 0) return;
-  bool states_copied = false;  // by the block's previous head
+  bool copied = false;  // this head's tiles, by the block's previous head
 #pragma unroll 1
   for (int cc = 0;; ++cc) {
     const bool more = bwd_block_has_next_chunk(pt, cc, bp.grads_chunks);
@@ -466,8 +570,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 1)
                                 : more ? rec + bwd_record_step(bp) - int64_t(j) * bp.rec_floats
                                        : nullptr;
       if (cc > 0 || j > 0) __syncthreads();  // the previous head's last reads of shared memory
-      bwd_input_grads_bf16_head<E, kSaved>(bp, pt, j, rec, j > 0, states_copied, next);
-      states_copied = next != nullptr;
+      bwd_input_grads_bf16_head<E, kSaved>(bp, pt, j, rec, copied, next);
+      copied = next != nullptr;
     }
     if (!more) break;
     pt = next_chunk_tile(pt);
