@@ -78,6 +78,14 @@ __device__ __forceinline__ void bwd_carry_and_cumsum(const float* red, int parts
   }
 }
 
+/// The sum of x over the four lanes of a lane quad (the mma.sync accumulator layout's lanes of one
+/// row), in a fixed butterfly order (lane xor 1, then xor 2): every lane of the quad gets it.
+__device__ __forceinline__ float quad_sum(float x) {
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
 /// Row i's four parts in `parts` ([C][4]: in the bf16 input gradients, a row term or v^ . dR by
 /// column quarter, or a gate sum's column i by row quarter; one part a warp's), summed in a fixed
 /// order.

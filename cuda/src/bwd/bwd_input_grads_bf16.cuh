@@ -60,8 +60,7 @@ __device__ __forceinline__ void bwd_value_grads_tile(const BwdParams& bp, const 
         *reinterpret_cast<uint32_t*>(dvrow + n0 + 8 * j + 2 * t) =
             Dtype<E>::pack2(vs * (bi * x), vs * (bi * y));
     }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+    part = quad_sum(part);
     if (t == 0) vparts[row * 4 + ((threadIdx.x >> 5) & 3)] = part;
   }
 }
@@ -119,8 +118,7 @@ __device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const f
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], off);
+    rs[h] = quad_sum(rs[h]);
     if (t == 0) rowg[(pi0 + g + 8 * h) * 2 + pn0 / 32] = rs[h];
   }
 #pragma unroll
@@ -203,8 +201,7 @@ __device__ __forceinline__ void bwd_token_grads_tile(const BwdParams& bp, const 
     }
   }
   auto quad_put = [&](float x, int which, int row) {
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    x = quad_sum(x);
     if (t == 0) parts[(which * kChunk + row) * 4 + quarter] = x;
   };
   // q^ . dq^ and k^ . dk^: this warp's parts
@@ -459,12 +456,9 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int off = 1; off < 4; off <<= 1) {
-        pq[h] += __shfl_xor_sync(0xffffffffu, pq[h], off);
-        pz[h] += __shfl_xor_sync(0xffffffffu, pz[h], off);
-        pc[h] += __shfl_xor_sync(0xffffffffu, pc[h], off);
-      }
+      pq[h] = quad_sum(pq[h]);
+      pz[h] = quad_sum(pz[h]);
+      pc[h] = quad_sum(pc[h]);
       if (t == 0) {
         const int row = i0 + g + 8 * h, q = warp & 3;
         rowp[(0 * C + row) * 4 + q] = pq[h];
@@ -479,12 +473,11 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
       cp_tile_bf16<V>(Sb, PB, kSaved ? bwd_saved_states(bp, next) : next_rb + R.b_s, K);
     cp_tile_bf16<V>(dSb, PB, next_rb + R.b_ds, K);
     // region 0: the next head's dO rows, this chunk's (value head hv + 1) or the next chunk's
-    // (its first value head, tokens from tb + C, as many as are left of the sequence)
+    // (its first value head)
     const bool same = j + 1 < bp.group;
-    const int64_t ntb = same ? pt.tb : pt.tb + C;
-    const int64_t left = pt.sr.t0 + pt.sr.len - ntb;
-    cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, ntb,
-                  same ? hv + 1 : pt.h * bp.group, same ? L : int(left < C ? left : C));
+    const PrepTile nt = same ? pt : next_chunk_tile(pt);
+    cp_input_rows(dYb, PB, static_cast<const E*>(bp.dO), bp.dos, pt.sr.b, nt.tb,
+                  same ? hv + 1 : pt.h * bp.group, nt.L);
     cp_tile_bf16<V>(dUb, PB, next_rb + R.b_du, C);
     cp_tile_bf16<V>(Ub, PB, kSaved ? bwd_saved_states(bp, next) + K * V : next_rb + R.b_u, C);
     cp_commit();
