@@ -10,18 +10,23 @@
 // sums over V and over C never leave the tensor cores' accumulators), its operands read from
 // bf16 tiles in shared memory by ldmatrix (mma.sync m16n8k16, arch/mma_bf16.cuh). S, U, dS, dU
 // and A^-1 come from the record already in bf16 (the prep and the scans round them as they write
-// them, BwdRecord::b_*: half the bytes, copied without passing through registers), K^ and Q^ are
-// the raw keys and queries scaled (kscale, qscale) and rounded on the way in, dO is raw bf16.
+// them, BwdRecord::b_*: half the bytes, copied without passing through registers); the keys, the
+// queries and dO are the raw bf16 inputs (exact), so the per-token scales k^ = ks k, q^ = qs q
+// (the record's kscale, qscale) leave the products, as in the prep (bwd/bwd_prep_bf16.cuh):
+//   Q^K^^T = diag(qs) (Q K^T) diag(ks),  K^K^^T = diag(ks) (K K^T) diag(ks)   (fp32 factors)
+//   Pm K^ = (Pm diag(ks)) K,  Pm^T Q^ = (diag(qs) Pm)^T Q,  Z K^ = (Z diag(ks)) K,
+//   Z^T K^ = (diag(ks) Z)^T K                     (each scaled Pm, Z rounded once to bf16)
+// and the row terms and the prologue backwards read the same raw rows from shared memory.
 //
 // Precision (the FAST contract, kla.h): each operand rounded once to bf16 (nearest, below 2^-8
-// relative), products exact, fp32 sums in a fixed order (by k-step of 16, then the tensor core's
-// order inside one); sum(dS o S) (the carried state's share of dg) over the same bf16 values in a
-// fixed order; the row terms (q^ . (S dy)-like dots), the [C][C] sums of dG and dbeta and the
-// prologue backwards in fp32 from fp32 values, as bwd/bwd_chunk_grads.cuh. The state-gradient path
-// (X, Y and the dS scan) stays at one TF32 part an operand or finer (operands split into two bf16
-// parts): rounding it to one bf16 part too makes d(initial state) err 1.31-1.36x FLA's,
-// while bf16 operands here keep every gradient at most 0.95x FLA's error (docs/prefill_notes.md,
-// round 2 sessions 11 and 13).
+// relative) or exact (the raw inputs), products exact, fp32 sums in a fixed order (by k-step of 16,
+// then the tensor core's order inside one); sum(dS o S) (the carried state's share of dg) over the
+// same bf16 values in a fixed order; the row terms (q^ . (S dy)-like dots), the [C][C] sums of dG
+// and dbeta and the prologue backwards in fp32 from fp32 values, as bwd/bwd_chunk_grads.cuh. The
+// state-gradient path (X, Y and the dS scan) stays at one TF32 part an operand or finer (operands
+// split into two bf16 parts): rounding it to one bf16 part too makes d(initial state)
+// err 1.31-1.36x FLA's, while bf16 operands here keep every gradient at most 0.95x FLA's error
+// (docs/prefill_notes.md, round 2 sessions 11 and 13).
 #pragma once
 
 #include <type_traits>
@@ -66,12 +71,15 @@ __device__ __forceinline__ void bwd_value_grads_tile(const BwdParams& bp, const 
 }
 
 /// The [C][C] phase of a value head on a warp's tile (rows pi0.., columns pn0..; the mma.sync
-/// accumulator layout) where its products leave it: from p = dY U^T and x = Q^K^^T (kReadout,
-/// warps 0-7) or p = dR U^T and x = K^K^^T (warps 8-15) at the same elements, Gamma_ij =
+/// accumulator layout) where its products leave it: from p = dY U^T and xr = Q K^T (kReadout,
+/// warps 0-7) or p = dR U^T and xr = K K^T (warps 8-15) at the same elements, raw, whose scaled
+/// x = (srow_i ks_j) xr is Q^K^^T (srow = qscale) or K^K^^T (srow = kscale); Gamma_ij =
 /// e^{G_i - G_j}:
-///   kReadout: Pm = p o Gamma (j <= i), written as bf16 to pm; the row and column sums of Pm o x;
-///   else: dL o Gamma = -p o Gamma (j < i) and Z = diag(beta) (dL o Gamma), Z written as bf16 to
-///   pm; the row sums of (dL o Gamma) o x and the column sums of Z o x.
+///   kReadout: Pm = p o Gamma (j <= i); the row and column sums of Pm o x;
+///   else: dL o Gamma = -p o Gamma (j < i) and Z = diag(beta) (dL o Gamma); the row sums of
+///   (dL o Gamma) o x and the column sums of Z o x;
+/// Pm (Z) written as bf16 twice: Pm diag(ks) to pmc and diag(srow) Pm to pmr, for the products
+/// with the raw keys and queries.
 /// Pm, dL o Gamma and Z are the values of bwd_gamma_masks and of bwd/bwd_chunk_grads.cuh's Z,
 /// without their passes over shared memory; the sums replace bwd_readout_gate_sum and
 /// bwd_system_gate_sums (bwd_grads_parts.cuh: a thread a row, j by j, while the other warps wait),
@@ -82,9 +90,11 @@ __device__ __forceinline__ void bwd_value_grads_tile(const BwdParams& bp, const 
 /// bwd_gate_sums.
 constexpr int kBwdGateRowParts = 2 * kChunk, kBwdGateColParts = 4 * kChunk;
 template <bool kReadout>
-__device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const float (&x)[4][4],
+__device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const float (&xr)[4][4],
                                               int pi0, int pn0, const float* G, const float* beta,
-                                              bwd_bf16::bf16* pm, float* rowg, float* colg) {
+                                              const float* srow, const float* ks,
+                                              bwd_bf16::bf16* pmc, bwd_bf16::bf16* pmr, float* rowg,
+                                              float* colg) {
   using namespace bwd_bf16;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   if constexpr (!kReadout) rowg += kBwdGateRowParts, colg += kBwdGateColParts;
@@ -92,7 +102,7 @@ __device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const f
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = pi0 + g + 8 * h;
-    const float gi = G[row], bi = beta[row];
+    const float gi = G[row], bi = beta[row], si = srow[row];
     rs[h] = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -100,7 +110,7 @@ __device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const f
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = pn0 + 8 * j + 2 * t + e;
-        const float pe = pacc[j][2 * h + e], xe = x[j][2 * h + e];
+        const float pe = pacc[j][2 * h + e], xe = (si * ks[col]) * xr[j][2 * h + e];
         if constexpr (kReadout) {
           v[e] = col <= row ? pe * expf(gi - G[col]) : 0.f;
           z[e] = v[e];
@@ -112,8 +122,11 @@ __device__ __forceinline__ void bwd_gate_tile(const float (&pacc)[4][4], const f
         const float c = z[e] * xe;
         cs[j][e] = h == 0 ? c : cs[j][e] + c;
       }
-      *reinterpret_cast<__nv_bfloat162*>(pm + row * PBC + pn0 + 8 * j + 2 * t) =
-          __floats2bfloat162_rn(z[0], z[1]);
+      const int c0 = pn0 + 8 * j + 2 * t;
+      *reinterpret_cast<__nv_bfloat162*>(pmc + row * PBC + c0) =
+          __floats2bfloat162_rn(z[0] * ks[c0], z[1] * ks[c0 + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(pmr + row * PBC + c0) =
+          __floats2bfloat162_rn(si * z[0], si * z[1]);
     }
   }
 #pragma unroll
@@ -167,7 +180,8 @@ __device__ __forceinline__ void bwd_value_head_grads(const BwdParams& bp, const 
 /// The prologue backwards of a key head (bwd_token_grads's math) on the warp's tiles of dq^ (dq)
 /// and dk^ (dk), rows i0.., columns n0.. in the mma.sync accumulator layout, summed over the key
 /// head's value heads (the prologue is linear in them), from the raw q, k at the same elements and
-/// the last value head's record scalars rs:
+/// the last value head's record scalars rs, the raw q, k rows of the chunk in shared memory (Qr,
+/// Kr: [C][PB] bf16, zero past L):
 ///   dq = qs (dq^ - q^ (q^ . dq^)) under an l2-norm read-out (q^ = qnorm q), else qs dq^;
 ///   dk1 = vscale (dk^ - k^ t1) (Kaczmarz) or dk^, t1 = k^ . dk^ + beta v^ . dR (+ t1_more[i],
 ///   the earlier value heads' beta v^ . dR, where given); dk = knorm (dk1 - k1 (k1 . dk1)),
@@ -181,23 +195,19 @@ __device__ __forceinline__ void bwd_token_grads_tile(const BwdParams& bp, const 
                                                      const float* rs, const float (&dq)[4][4],
                                                      float (&dk)[4][4], int i0, int n0,
                                                      const float* beta, const float* vparts,
-                                                     const float* t1_more, float* parts) {
+                                                     const float* t1_more, const E* Qr, const E* Kr,
+                                                     float* parts) {
   const KernelParams& p = bp.f;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, quarter = (threadIdx.x >> 5) & 3;
   const int64_t b = pt.sr.b;
   uint32_t qraw[2][4], kraw[2][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = i0 + g + 8 * h;
-    const int64_t tok = pt.tb + (row < pt.L ? row : 0);
-    const E* qrow =
-        static_cast<const E*>(p.q) + b * p.qs[0] + tok * p.qs[1] + int64_t(pt.h) * p.qs[2];
-    const E* krow =
-        static_cast<const E*>(p.k) + b * p.ks[0] + tok * p.ks[1] + int64_t(pt.h) * p.ks[2];
+    const int at = (i0 + g + 8 * h) * bwd_bf16::PB + n0 + 2 * t;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      qraw[h][j] = *reinterpret_cast<const uint32_t*>(qrow + n0 + 8 * j + 2 * t);
-      kraw[h][j] = *reinterpret_cast<const uint32_t*>(krow + n0 + 8 * j + 2 * t);
+      qraw[h][j] = *reinterpret_cast<const uint32_t*>(Qr + at + 8 * j);
+      kraw[h][j] = *reinterpret_cast<const uint32_t*>(Kr + at + 8 * j);
     }
   }
   auto quad_put = [&](float x, int which, int row) {
@@ -306,7 +316,8 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 
   // Shared memory (bwd_input_grads_bf16_smem). Region 0: dY, U, dU, dR [C][PB] bf16. Region 1: S,
-  // dS [K][PB] bf16. Then A^-1 [C][PBC], K^, Q^ [C][PB], Pm, Z [C][PBC] bf16; the scalars. A^-1 is
+  // dS [K][PB] bf16. Then A^-1 [C][PBC], the raw K, Q [C][PB], Pm diag(ks), Z diag(ks), diag(qs)
+  // Pm, diag(ks) Z [C][PBC] bf16; the scalars. A^-1 is
   // free once dR is formed, regions 0 and 1 once the products with dY, U, dU, dR, S and dS are:
   // the next head's tiles are copied in then, behind this head's remaining phases.
   extern __shared__ float4 smem4[];
@@ -319,11 +330,13 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   bf16* const Sb = reinterpret_cast<bf16*>(r1);
   bf16* const dSb = Sb + K * PB;
   bf16* const Aib = reinterpret_cast<bf16*>(r1 + 2 * 2 * K * PB);
-  bf16* const Khb = Aib + C * PBC;
-  bf16* const Qhb = Khb + C * PB;
-  bf16* const Pmb = Qhb + C * PB;
-  bf16* const Zb = Pmb + C * PBC;
-  float* const rowg = reinterpret_cast<float*>(Zb + C * PBC);  // [2][C][2] bwd_gate_tile's parts
+  bf16* const Kraw = Aib + C * PBC;
+  bf16* const Qraw = Kraw + C * PB;
+  bf16* const Pmc = Qraw + C * PB;
+  bf16* const Zc = Pmc + C * PBC;
+  bf16* const Pmr = Zc + C * PBC;
+  bf16* const Zr = Pmr + C * PBC;
+  float* const rowg = reinterpret_cast<float*>(Zr + C * PBC);  // [2][C][2] bwd_gate_tile's parts
   float* const colg = rowg + 2 * kBwdGateRowParts;             // [2][C][4]
   float* const G = colg + 2 * kBwdGateColParts;
   float* const beta = G + C;
@@ -332,16 +345,19 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   float* const zs = dbs + C;    // z_i = Gamma_Ci k^_i . (dS u_i)
   float* const eg = zs + C;     // e^G_i
   float* const gc = eg + C;     // Gamma_Ci
-  float* const rowp = gc + C;   // [3][C][4] row terms' parts by quarter, then the prologue's
+  float* const kss = gc + C;    // kscale_i (0 past L)
+  float* const qss = kss + C;   // qscale_i (0 past L)
+  float* const rowp = qss + C;  // [3][C][4] row terms' parts by quarter, then the prologue's
   float* const red = rowp + 3 * C * 4;                // [16] parts of sum(dS o S), one a warp
   float* const t1_sum = red + kBwdChunkThreads / 32;  // [C] the earlier value heads' beta v^ . dR
   float* const vparts = t1_sum + C;                   // [C][4] v^ . dR by column quarter
 
   // dO rows (raw bf16: exact), zero past L, and the record's bf16 tiles (BwdRecord::b_*) by
-  // cp.async, unless the previous head copied them in; meanwhile, for the key head's first value
-  // head, K^, Q^ from the raw rows, scaled and rounded to bf16 (load_scaled_rows). They are the key
-  // head's (kscale and qscale are the same in every value head's record) and nothing else writes
-  // their shared memory, so the block's later value heads find them there.
+  // cp.async, unless the previous head copied them in; for the key head's first value head, the
+  // raw K and Q rows too. They are the key head's and nothing else writes their shared memory, so
+  // the block's later value heads find them there.
+  const E* kb = static_cast<const E*>(p.k);
+  const E* qb = static_cast<const E*>(p.q);
   {
     const bf16* rb = reinterpret_cast<const bf16*>(rec);
     if (!copied) {
@@ -352,6 +368,10 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
       cp_tile_bf16<V>(Sb, PB, kSaved ? bwd_saved_states(bp, rec) : rb + R.b_s, K);
       cp_tile_bf16<V>(dSb, PB, rb + R.b_ds, K);
     }
+    if (hv == pt.h * bp.group) {
+      cp_input_rows(Kraw, PB, kb, p.ks, pt.sr.b, pt.tb, pt.h, L);
+      cp_input_rows(Qraw, PB, qb, p.qs, pt.sr.b, pt.tb, pt.h, L);
+    }
     cp_commit();
   }
   if (tid < C) {
@@ -359,12 +379,8 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     beta[tid] = rec[R.sc + kScBeta * C + tid];
     eg[tid] = expf(G[tid]);
     gc[tid] = expf(rec[R.sc + kScG * C + C - 1] - G[tid]);
-  }
-  const E* kb = static_cast<const E*>(p.k);
-  const E* qb = static_cast<const E*>(p.q);
-  if (hv == pt.h * bp.group) {
-    load_scaled_rows(Khb, PB, kb, p.ks, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScKscale * C);
-    load_scaled_rows(Qhb, PB, qb, p.qs, pt.sr.b, pt.tb, pt.h, L, rec + R.sc + kScQscale * C);
+    kss[tid] = tid < L ? rec[R.sc + kScKscale * C + tid] : 0.f;
+    qss[tid] = tid < L ? rec[R.sc + kScQscale * C + tid] : 0.f;
   }
   // The warp's tile of every [C][K] product: rows i0.., columns n0..; of the [C][C] ones, warps
   // 0-7 own tile (pi0, pn0) of dY U^T and Q^K^^T, warps 8-15 the same tile of dR U^T and K^K^^T.
@@ -418,12 +434,12 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
   // sums' parts), then the products with S and dS.
   if (!first_half) warp_tile_mma<false, true>(pd, dRb, PB, pi0, Ub, PB, pn0, V);  // dR U^T
   {
-    float x[4][4] = {};  // Q^K^^T (warps 0-7), K^K^^T (8-15)
-    warp_tile_mma<false, true>(x, first_half ? Qhb : Khb, PB, pi0, Khb, PB, pn0, K);
+    float x[4][4] = {};  // Q K^T (warps 0-7), K K^T (8-15), raw
+    warp_tile_mma<false, true>(x, first_half ? Qraw : Kraw, PB, pi0, Kraw, PB, pn0, K);
     if (first_half)
-      bwd_gate_tile<true>(pd, x, pi0, pn0, G, beta, Pmb, rowg, colg);
+      bwd_gate_tile<true>(pd, x, pi0, pn0, G, beta, qss, kss, Pmc, Pmr, rowg, colg);
     else
-      bwd_gate_tile<false>(pd, x, pi0, pn0, G, beta, Zb, rowg, colg);
+      bwd_gate_tile<false>(pd, x, pi0, pn0, G, beta, kss, kss, Zc, Zr, rowg, colg);
   }
   warp_tile_mma<false, true>(a3, dRb, PB, i0, Sb, PB, n0, V);                  // dR S^T
   if (first_half) warp_tile_mma<false, true>(a2, Ub, PB, i0, dSb, PB, n0, V);  // U dS^T
@@ -434,19 +450,14 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     float pq[2] = {0.f, 0.f}, pz[2] = {0.f, 0.f}, pc[2] = {0.f, 0.f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // q^ = qs q and k^ = ks k of the row from the raw inputs, as the prep scales them
+      // q^ = qs q and k^ = ks k of the row from the raw rows, as the prep scales them
       const int row = i0 + g + 8 * h;
-      const bool ok = row < L;
-      const int64_t tok = pt.tb + (ok ? row : 0);
-      const E* qrow = qb + pt.sr.b * p.qs[0] + tok * p.qs[1] + int64_t(pt.h) * p.qs[2];
-      const E* krow = kb + pt.sr.b * p.ks[0] + tok * p.ks[1] + int64_t(pt.h) * p.ks[2];
-      const float qsr = ok ? rec[R.sc + kScQscale * C + row] : 0.f;
-      const float ksr = ok ? rec[R.sc + kScKscale * C + row] : 0.f;
+      const float qsr = qss[row], ksr = kss[row];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int col = n0 + 8 * j + 2 * t;
-        const float2 qr = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qrow + col));
-        const float2 kr = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(krow + col));
+        const int col = row * PB + n0 + 8 * j + 2 * t;
+        const float2 qr = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Qraw + col));
+        const float2 kr = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Kraw + col));
         const float2 q2 = make_float2(qsr * qr.x, qsr * qr.y);
         const float2 k2 = make_float2(ksr * kr.x, ksr * kr.y);
         pq[h] = fmaf(q2.y, a1[j][2 * h + 1], fmaf(q2.x, a1[j][2 * h], pq[h]));
@@ -510,10 +521,10 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
         a2[j][e] = a * a2[j][e] - bb * a3[j][e];
       }
   }
-  warp_tile_mma<false, false>(a1, Pmb, PBC, i0, Khb, PB, n0, C);  // + Pm K^
-  warp_tile_mma<true, false>(a2, Pmb, PBC, i0, Qhb, PB, n0, C);   // + Pm^T Q^
-  warp_tile_mma<false, false>(a2, Zb, PBC, i0, Khb, PB, n0, C);   // + Z K^
-  warp_tile_mma<true, false>(a2, Zb, PBC, i0, Khb, PB, n0, C);    // + Z^T K^
+  warp_tile_mma<false, false>(a1, Pmc, PBC, i0, Kraw, PB, n0, C);  // + Pm K^ = (Pm diag(ks)) K
+  warp_tile_mma<true, false>(a2, Pmr, PBC, i0, Qraw, PB, n0, C);   // + Pm^T Q^ = (diag(qs) Pm)^T Q
+  warp_tile_mma<false, false>(a2, Zc, PBC, i0, Kraw, PB, n0, C);   // + Z K^ = (Z diag(ks)) K
+  warp_tile_mma<true, false>(a2, Zr, PBC, i0, Kraw, PB, n0, C);    // + Z^T K^ = (diag(ks) Z)^T K
   // dq^, dk^ summed over the key head's value heads in value-head order (the prologue backwards
   // is linear in them): the earlier heads' sum from the group's first head's record (R.dq, R.dk,
   // fp32, written there by this thread in the previous head's pass), then either to the record
@@ -530,7 +541,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     __syncthreads();  // dg (thread 0's cumulative sum) complete
   } else {  // its barriers complete dg too; rowp's row terms were read above the gate sums
     bwd_token_grads_tile<E>(bp, pt, rec + R.sc, a1, a2, i0, n0, beta, vparts,
-                            j > 0 ? t1_sum : nullptr, rowp);
+                            j > 0 ? t1_sum : nullptr, Qraw, Kraw, rowp);
   }
   bwd_value_head_grads(bp, pt, beta, dGs, dbs, vparts, last ? nullptr : t1_sum, j == 0);
 }

@@ -242,13 +242,15 @@ constexpr int bwd_block_chunks(int64_t max_chunks, int64_t heads, int64_t n, int
   return c;
 }
 /// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: two regions of four [C][K + 8] and two
-/// [K][K + 8] bf16 tiles (the first reused for fp32 results), A^-1, K^, Q^, Pm and Z in bf16, the
-/// parts of the [C][C] sums, the scalars, the row terms' partial sums, the carried sum's parts (one
-/// a warp), the earlier value heads' share of t1 and the parts of v^ . dR.
+/// [K][K + 8] bf16 tiles, A^-1, the raw K and Q rows, Pm and Z each scaled by column and by row,
+/// in bf16, the parts of the [C][C] sums, the scalars, the row terms' partial sums, the carried
+/// sum's parts (one a warp), the earlier value heads' share of t1 and the parts of v^ . dR.
 constexpr int64_t bwd_input_grads_bf16_smem() {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
-  return 2 * (4 * C * (K + 8) + 2 * K * (K + 8) + 3 * C * (C + 8) + 2 * C * (K + 8)) +
-         4 * (2 * C * 2 + 2 * C * 4 + 8 * C + 4 * C * 4 + kBwdChunkThreads / 32);
+  return 2 * (4 * C * (K + 8) + 2 * K * (K + 8) + 5 * C * (C + 8) + 2 * C * (K + 8)) +
+         4 * (2 * C * 2 + 2 * C * 4 + 10 * C + 4 * C * 4 + kBwdChunkThreads / 32);
 }
+static_assert(bwd_input_grads_bf16_smem() + kSm90SmemReservedPerBlock <= kSm90SmemPerMultiprocessor,
+              "the bf16 input gradients' block fits a multiprocessor");
 
 }  // namespace kla::layout

@@ -2,8 +2,7 @@
 // bwd/bwd_input_grads_bf16.cuh; FAST, bf16 storage, K = V = kBwdCompiledHeadDim): a warp's
 // 16 x 32 tile of a product on mma.sync m16n8k16 (arch/mma_bf16.cuh) with its operands read from
 // bf16 shared memory by ldmatrix, the tile's stores, the record's bf16 tiles and the raw inputs'
-// rows copied in (as they are, or scaled per row and rounded), and the two-part split of fp32
-// values into bf16 hi + lo.
+// rows copied in, and the two-part split of fp32 values into bf16 hi + lo.
 // Layouts: [rows][pitch] row-major; the bf16 pitches put consecutive rows 16 bytes apart mod 128
 // (conflict-free ldmatrix), every row 16-byte aligned.
 #pragma once
@@ -350,37 +349,6 @@ __device__ __forceinline__ void cp_input_rows(bf16* dst, int dp, const bf16* bas
     const bool ok = i < L;
     cp16(dst + i * dp + c8,
          base + b * st[0] + (tb + (ok ? i : 0)) * st[1] + int64_t(head) * st[2] + c8, ok);
-  }
-}
-
-/// Rows [0, L) of a chunk's [C][K] tile of a raw [B,T,heads,K] bf16 input, row i scaled by s[i]
-/// in fp32 and rounded to bf16 (round_bf16x2), into shared memory of pitch dp (rows past L zero):
-/// the prep's fp32 rows fl(s_i x) rounded, without reading them. All of a thread's 16-byte loads
-/// are in flight before any is stored.
-__device__ __forceinline__ void load_scaled_rows(bf16* dst, int dp, const bf16* base,
-                                                 const int64_t* st, int64_t b, int64_t tb, int head,
-                                                 int L, const float* s) {
-  constexpr int W8 = K / 8, kPer = C * W8 / kBwdChunkThreads;
-  static_assert(C * W8 % kBwdChunkThreads == 0, "whole 16-byte rows a thread");
-  uint4 x[kPer];
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    const int idx = threadIdx.x + u * kBwdChunkThreads, i = idx / W8, c8 = (idx % W8) * 8;
-    x[u] = i < L ? *reinterpret_cast<const uint4*>(base + b * st[0] + (tb + i) * st[1] +
-                                                   int64_t(head) * st[2] + c8)
-                 : make_uint4(0u, 0u, 0u, 0u);
-  }
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    const int idx = threadIdx.x + u * kBwdChunkThreads, i = idx / W8, c8 = (idx % W8) * 8;
-    const float si = i < L ? s[i] : 0.f;
-    uint32_t* e = reinterpret_cast<uint32_t*>(&x[u]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = Dtype<bf16>::unpack2(e[j]);
-      e[j] = round_bf16x2(si * f.x, si * f.y);
-    }
-    *reinterpret_cast<uint4*>(dst + i * dp + c8) = x[u];
   }
 }
 
