@@ -10,6 +10,9 @@ kernel. --rename maps a kernel renamed by the refactor (a substring of its mangl
 pair is compared. --ignore-param-offsets reads every kernel-parameter operand (c[0x0][offset]) as
 the same: a field appended to a parameter struct moves the parameters after it, which changes those
 offsets and nothing else. Exit status 1 when anything differs.
+cuobjdump and nvdisasm come with the CUDA toolkit; where a toolkit lacks them (this project's
+build machines have nvcc and ptxas only), PyPI's wheels nvidia-cuda-cuobjdump and
+nvidia-cuda-nvdisasm carry both: unzip them and put their bin folders on PATH.
 """
 import argparse
 import re
