@@ -383,7 +383,7 @@ __device__ __forceinline__ void bwd_input_grads_bf16_head(const BwdParams& bp, c
     qss[tid] = tid < L ? rec[R.sc + kScQscale * C + tid] : 0.f;
   }
   // The warp's tile of every [C][K] product: rows i0.., columns n0..; of the [C][C] ones, warps
-  // 0-7 own tile (pi0, pn0) of dY U^T and Q^K^^T, warps 8-15 the same tile of dR U^T and K^K^^T.
+  // 0-7 own tile (pi0, pn0) of dY U^T and Q K^T, warps 8-15 the same tile of dR U^T and K K^T.
   const int i0 = (warp >> 2) * 16, n0 = (warp & 3) * 32;
   const int pi0 = ((warp & 7) >> 1) * 16, pn0 = (warp & 1) * 32;
   const bool first_half = warp < 8;
