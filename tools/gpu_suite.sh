@@ -213,6 +213,7 @@ if ((LIST)) || [[ -d $DIST/mutants && -z ${KLA_SUITE_MUTANT:-} ]]; then
   run_mutant split_fold_transition_skipped auto test_cuda_kernels
   run_mutant saved_u_update_scaled auto test_cuda_backward
   run_mutant saved_u_update_scaled_transposed auto test_cuda_backward
+  run_mutant bwd_scan_ready_ignored auto test_cuda_backward
 fi
 # The Python package's GPU tests (tests/python/test_gpu.py: every function against the float64
 # recurrence, autograd, graphs, torch.compile; against FLA where .whl/fla is carried) on the

@@ -301,7 +301,7 @@ class DeviceBackward {
   ~DeviceBackward() {
     for (void* x : out_)
       if (x) cudaFree(x);
-    for (void* x : {d_o_, static_cast<void*>(d_final_), ws_})
+    for (void* x : {d_o_, static_cast<void*>(d_final_), ws_, saved_})
       if (x) cudaFree(x);
   }
 
@@ -359,27 +359,50 @@ class DeviceBackward {
   /// status.
   std::array<std::vector<unsigned char>, kGrads> run_saved(const kla_backward_params& bp,
                                                            kla_path path) {
+    const std::size_t saved_bytes = save_states(bp, path);
+    fill_outputs(0xFF);
+    fill_workspace(0xFF);
+    const kla_status st = kla_chunk_backward_saved(&bp, saved_, saved_bytes, nullptr);
+    const std::string message = kla_last_error_message();
+    KLA_CUDA_CHECK(cudaDeviceSynchronize());
+    if (st != KLA_SUCCESS)
+      throw std::runtime_error(std::string(kla_status_string(st)) + ": " + message);
+    return download();
+  }
+
+  /// The forward with saved states (kla_chunk_forward_saving on `path`: its own o and workspace,
+  /// the forward's final state not asked for) into saved_buffer() (allocated here, all NaN first:
+  /// every record must be written); its bytes. Throws on a failing status.
+  std::size_t save_states(const kla_backward_params& bp, kla_path path) {
     kla_params f = bp.forward;
     f.path = path;
     f.o = fw_.o;
     f.final_state = nullptr;
     const std::size_t ws_bytes = kla_workspace_size(&f), saved_bytes = kla_saved_states_size(&f);
     if (saved_bytes == 0) throw std::runtime_error(kla_last_error_message());
-    void *ws = nullptr, *saved = nullptr;
+    void* ws = nullptr;
     KLA_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-    KLA_CUDA_CHECK(cudaMalloc(&saved, saved_bytes));
-    KLA_CUDA_CHECK(cudaMemset(saved, 0xFF, saved_bytes));  // NaN: every record must be written
+    if (saved_) cudaFree(saved_);
+    saved_ = nullptr;
+    KLA_CUDA_CHECK(cudaMalloc(&saved_, saved_bytes));
+    KLA_CUDA_CHECK(cudaMemset(saved_, 0xFF, saved_bytes));
     f.workspace = ws, f.workspace_size = ws_bytes;
-    fill_outputs(0xFF);
-    kla_status st = kla_chunk_forward_saving(&f, saved, saved_bytes, nullptr);
-    if (st == KLA_SUCCESS) st = kla_chunk_backward_saved(&bp, saved, saved_bytes, nullptr);
+    const kla_status st = kla_chunk_forward_saving(&f, saved_, saved_bytes, nullptr);
     const std::string message = kla_last_error_message();
     KLA_CUDA_CHECK(cudaDeviceSynchronize());
     cudaFree(ws);
-    cudaFree(saved);
     if (st != KLA_SUCCESS)
       throw std::runtime_error(std::string(kla_status_string(st)) + ": " + message);
-    return download();
+    return saved_bytes;
+  }
+  const void* saved_buffer() const { return saved_; }
+
+  /// Every byte of the backward's workspace set to `byte` (0xFF: NaN), so that a record read
+  /// before it is written shows in the gradients (what the call keeps in the workspace between
+  /// its kernels must be written by it first).
+  void fill_workspace(unsigned char byte) {
+    KLA_CUDA_CHECK(cudaMemset(ws_, byte, std::max<std::size_t>(ws_bytes_, 16)));
+    KLA_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   /// Runs `bp` on outputs poisoned with NaN and returns what it wrote; throws on a failing status.
@@ -402,6 +425,7 @@ class DeviceBackward {
   std::array<std::size_t, kGrads> bytes_{};
   void* ws_ = nullptr;
   std::size_t ws_bytes_ = 0;
+  void* saved_ = nullptr;
 };
 
 /// kla::ref::Options for the call's options, as harness.hpp's run_reference maps them.
@@ -1242,6 +1266,76 @@ TEST(CudaBackward, GraphReplayMatchesDirectCall) {
                 << what << " " << rerun_hint();
         }
       }
+}
+
+/// The saved backward (kla_chunk_backward_saved) where its prep runs beside the state-gradient
+/// scan (bwd_saved_prep_beside_scan: one wave of scan blocks, here 2 sequences x 16 value heads x
+/// 4 slices = 128, on a device of at least that many multiprocessors), captured in a CUDA graph on
+/// a non-blocking stream and replayed, equals the direct call bit for bit, replay after replay,
+/// with the workspace and the outputs poisoned (NaN) before each: the records' ready flags and the
+/// schedule's counters are zeroed inside the graph (memset nodes), the scan waits for every record
+/// it copies, and the programmatic edge is kept. The same call where the scan is more than one
+/// wave (3 sequences: the prep before the scan) is checked against MPFR by
+/// FastBf16FromSavedStatesAgainstMpfr (case varlen_k128_heads16_qnorm), as the one-wave calls
+/// there. The kernel mutant bwd_scan_ready_ignored (the scan copies without waiting for the
+/// flags) fails here and there (the workspace's NaN reaches the gradients).
+TEST(CudaBackward, SavedBesidePrepGraphReplayMatchesDirectCall) {
+  KLA_REQUIRE_GPU();
+  int dev_id = 0, sms = 0;
+  KLA_CUDA_CHECK(cudaGetDevice(&dev_id));
+  KLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
+  Case k = contract_case(KLA_DTYPE_BF16, 6);
+  k.arithmetic = KLA_ARITHMETIC_FAST;
+  k.cfg.H = 4, k.cfg.HV = 16;
+  k.cfg.K = k.cfg.V = 128;
+  k.cfg.T = 1300;
+  k.cfg.cu_seqlens = {0, 500, 1300};  // 8 and 13 chunks, ragged last chunks
+  k.cfg.seed = base_seed() + 9500;
+  if (!kla::layout::bwd_saved_prep_beside_scan(true, true, true, 13, 2, 16, 128, sms))
+    GTEST_SKIP() << "the scan's 128 blocks are more than one wave on " << sms
+                 << " multiprocessors: the prep runs before it there";
+  const Problem p = make_problem(k);
+  DeviceBackward dev(p);
+  const kla_backward_params bp = dev.params();
+  const auto direct = dev.run_saved(bp, KLA_PATH_WY);
+  const void* saved = dev.saved_buffer();
+  const std::size_t saved_bytes = kla_saved_states_size(&bp.forward);
+  ASSERT_GT(saved_bytes, 0u) << kla_last_error_message();
+  // Every requested gradient finite (no padding here: every element is written), so that the
+  // bitwise comparisons below cannot pass on NaN read from the poisoned workspace.
+  for (int g = 0; g < kGrads; ++g) {
+    if (!requested(p, Grad(g))) continue;
+    const std::size_t es = g == kDg || g == kDeta || g == kDh0 ? 4 : dtype_size(k.cfg.dtype);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i + es <= direct[g].size(); i += es) {
+      const unsigned hi = direct[g][i + es - 1], next = direct[g][i + es - 2];
+      if ((hi & 0x7Fu) == 0x7Fu && (next & 0x80u) != 0) ++bad;  // exponent all ones
+    }
+    EXPECT_EQ(bad, 0u) << kGradNames[g] << ": elements not finite " << rerun_hint();
+  }
+  cudaStream_t s;
+  KLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> own_s(s, cudaStreamDestroy);
+  cudaGraph_t graph;
+  KLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const kla_status st = kla_chunk_backward_saved(&bp, saved, saved_bytes, s);
+  KLA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  const std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> own_graph(graph, cudaGraphDestroy);
+  ASSERT_EQ(st, KLA_SUCCESS) << kla_last_error_message();
+  cudaGraphExec_t exec;
+  KLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const std::unique_ptr<CUgraphExec_st, decltype(&cudaGraphExecDestroy)> own_exec(
+      exec, cudaGraphExecDestroy);
+  for (int rep = 0; rep < 3; ++rep) {
+    dev.fill_outputs(0xFF);
+    dev.fill_workspace(0xFF);
+    KLA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    KLA_CUDA_CHECK(cudaStreamSynchronize(s));
+    const auto replay = dev.download();
+    for (int g = 0; g < kGrads; ++g)
+      EXPECT_TRUE(replay[g] == direct[g]) << kGradNames[g] << " of replay " << rep
+                                          << " differs from the direct call " << rerun_hint();
+  }
 }
 
 }  // namespace

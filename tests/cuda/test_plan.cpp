@@ -1534,6 +1534,52 @@ TEST(PlanSplit, RequestsRefusedWithTheReason) {
   }
 }
 
+// Where the saved backward runs its prep beside the state-gradient scan
+// (bwd_saved_prep_beside_scan): saved states, the bf16 kernels, programmatic launch, and the scan's
+// N HV V / 32 blocks one wave. On 132 multiprocessors issue 25's rows 1 x 32768 and 1 x 8192 (one
+// sequence, 32 value heads: 128 blocks) run it and the 8-sequence row (1024 blocks) does not; a
+// backward that recomputes its states never does.
+TEST(PlanBackward, SavedPrepBesideScanWhereTheScanIsOneWave) {
+  using kla::layout::bwd_saved_prep_beside_scan;
+  EXPECT_TRUE(bwd_saved_prep_beside_scan(true, true, true, 512, 1, 32, 128, 132));
+  EXPECT_TRUE(bwd_saved_prep_beside_scan(true, true, true, 128, 1, 32, 128, 132));
+  EXPECT_FALSE(bwd_saved_prep_beside_scan(true, true, true, 128, 8, 32, 128, 132));
+  EXPECT_TRUE(bwd_saved_prep_beside_scan(true, true, true, 13, 2, 16, 128, 132));   // 128 blocks
+  EXPECT_FALSE(bwd_saved_prep_beside_scan(true, true, true, 13, 3, 16, 128, 132));  // 192
+  EXPECT_FALSE(bwd_saved_prep_beside_scan(false, true, true, 512, 1, 32, 128, 132));
+  EXPECT_FALSE(bwd_saved_prep_beside_scan(true, false, true, 512, 1, 32, 128, 132));
+  EXPECT_FALSE(bwd_saved_prep_beside_scan(true, true, false, 512, 1, 32, 128, 132));
+  EXPECT_FALSE(bwd_saved_prep_beside_scan(true, true, true, 0, 1, 32, 128, 132));
+  EXPECT_FALSE(bwd_saved_prep_beside_scan(true, true, true, int64_t(1) << 26, 1, 32, 128, 132));
+  EXPECT_EQ(kla::layout::bwd_beside_first_items(16384),
+            16384 * kla::layout::kBwdBesideFirstPermille / 1000);
+}
+
+// The prep beside the scan takes its items in the order the scan reads the records
+// (bwd_beside_item): every (step, sequence, value head) once, steps never decreasing, and within a
+// step the sequences and value heads in order, so that the records each scan block needs next are
+// among the next N HV items.
+TEST(PlanBackward, BesideItemsAreTheScansOrder) {
+  using kla::layout::bwd_beside_item;
+  std::mt19937_64 rng(20261207);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int N = 1 + int(rng() % 4), HV = 1 + int(rng() % 33), steps = 1 + int(rng() % 40);
+    std::vector<int> seen(std::size_t(steps) * N * HV, 0);
+    int prev = -1;
+    for (int i = 0; i < steps * N * HV; ++i) {
+      const auto it = bwd_beside_item(i, N, HV);
+      ASSERT_TRUE(it.step >= 0 && it.step < steps && it.n >= 0 && it.n < N && it.hv >= 0 &&
+                  it.hv < HV)
+          << i;
+      const int key = (it.step * N + it.n) * HV + it.hv;
+      EXPECT_GT(key, prev) << "item " << i << " out of the scan's order";
+      prev = key;
+      ++seen[std::size_t(key)];
+    }
+    for (int x : seen) ASSERT_EQ(x, 1);
+  }
+}
+
 // The chunks a block of the bf16 backward prep and input gradients (bwd_block_chunks): as many as
 // keep at least
 // kBwdBlockMinWaves blocks a multiprocessor, a power of two up to kBwdBlockMaxChunks; one where

@@ -314,7 +314,8 @@ KLA_API size_t kla_workspace_size(const kla_params* p);
  * has both contracts' measured errors beside FLA's, docs/performance.md the times); what the
  * forward would save (each chunk's incoming state) is recomputed here into the workspace, whose
  * size kla_backward_workspace_size reports ((2 K V + 64 (5 K + 2 V) + 5120) * 4 bytes per 64-token
- * chunk and value head). Deterministic (no atomics), no allocation, no host synchronisation.
+ * chunk and value head). Deterministic (fixed reduction orders; no atomic sums), no allocation, no
+ * host synchronisation.
  * Head dims up to 128 (a larger one is KLA_ERROR_UNSUPPORTED_HEAD_DIM). */
 typedef struct kla_backward_params {
   uint32_t abi_version; /* stamped by kla_backward_params_init, checked first */

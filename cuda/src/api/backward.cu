@@ -80,6 +80,13 @@ kla_status run_backward(const kla_backward_params* p, bool use_saved, const void
             ", V = ", V, "; this device offers ", dev.max_smem));
   kla::kernels::BwdParams b = translate_backward(*p, dev);
   b.f.saved = const_cast<void*>(saved);  // read only (the input gradients, bwd_bf16_states)
+  const int64_t N = b.f.N, HV = p->forward.num_v_heads;
+  b.sms = dev.sms;
+  b.prep_beside = kla::layout::bwd_saved_prep_beside_scan(
+                      use_saved, bf16_grads, b.programmatic != 0, b.f.max_chunks, N, HV, V, dev.sms)
+                      ? 1
+                      : 0;
+  b.beside_first = int(kla::layout::bwd_beside_first_items(b.f.max_chunks * N * HV));
   const char* what = "the launch";
   const auto st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;

@@ -55,6 +55,37 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// ---- flags between the blocks of concurrent grids (global memory, gpu scope) -----------------
+/// The multiprocessor the calling thread runs on (PTX %smid: below %nsmid, not necessarily
+/// contiguous; constant for a block's lifetime).
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(r));
+  return r;
+}
+/// Sets *flag to v with release semantics at gpu scope: every write the calling thread has made,
+/// or has observed (after a block barrier: the block's), is visible to a thread that reads v by
+/// flag_acquired / flag_relaxed + acquire_fence.
+__device__ __forceinline__ void flag_release(int* flag, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
+}
+/// A relaxed read of a flag (no ordering: cheap to issue ahead of its use); acquire_fence after
+/// reading it set makes what its writer released visible.
+__device__ __forceinline__ int flag_relaxed(const int* flag) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+/// Completes the acquire pattern of earlier relaxed reads (fence.acq_rel at gpu scope), then
+/// orders it before this thread's later bulk copies (the async proxy reads global memory apart
+/// from the generic proxy the flags' writers used).
+__device__ __forceinline__ void acquire_fence_for_bulk_copies() {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
 // ---- sm_90 bulk copies (global -> shared) completing on an mbarrier --------------------------
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {

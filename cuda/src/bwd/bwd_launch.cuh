@@ -12,6 +12,7 @@
 
 #include "bwd/bwd_chunk_grads.cuh"
 #include "bwd/bwd_input_grads_bf16.cuh"
+#include "bwd/bwd_prep_beside_scan.cuh"
 #include "bwd/bwd_prep.cuh"
 #include "bwd/bwd_prep_bf16.cuh"
 #include "bwd/bwd_state_backward_bf16.cuh"
@@ -69,6 +70,30 @@ cudaError_t bwd_launch_beside(Kernel kernel, dim3 grid, int64_t smem, const BwdP
   return cudaLaunchKernelEx(&cfg, kernel, bp);
 }
 
+/// The saved prep beside the state-gradient scan (bp.prep_beside; bwd/bwd_prep_beside_scan.cuh):
+/// zeroes the records' ready flags (a 2-d memset, one row a record) and the schedule's counters
+/// (bwd_layout.hpp), then launches the prep's resident grid; launch_backward_scans launches the
+/// scan beside it.
+template <class E>
+cudaError_t launch_prep_beside_scan(const BwdParams& bp, cudaStream_t stream) {
+  const KernelParams& p = bp.f;
+  constexpr BwdRecord R(kBwdCompiledHeadDim, kBwdCompiledHeadDim);
+  const int64_t records = chunk_slots(p.N, p.T, p.cu_seqlens != nullptr) * p.HV;
+  char* const flags = reinterpret_cast<char*>(bp.ws + R.u);
+  if (cudaError_t e = cudaMemset2DAsync(flags, size_t(bp.rec_floats) * 4, 0,
+                                        size_t(kBwdReadyFlagBytes), size_t(records), stream))
+    return e;
+  if (cudaError_t e = cudaMemsetAsync(flags + kBwdReadyFlagBytes, 0,
+                                      size_t(bwd_beside_counter_bytes(kBwdBesideMaxSms)), stream))
+    return e;
+  for (cudaError_t e : {bwd_prefer_max_shared(bwd_prep_bf16_beside_scan_kernel<E>),
+                        bwd_prefer_max_shared(bwd_state_backward_bf16_kernel<E>)})
+    if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned(kBwdPrepBf16Blocks[1] * bp.sms));
+  return bwd_launch(bwd_prep_bf16_beside_scan_kernel<E>, grid, bwd_prep_bf16_smem(true), bp, stream,
+                    kBwdPrepBf16Threads);
+}
+
 template <class E, int VS, bool kFast, int kHD>
 cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, const char*& what) {
   const KernelParams& p = bp.f;
@@ -95,8 +120,13 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
   }
   what = "the backward state-gradient scan";
   if constexpr (kBwdBf16Record<E, kFast, kHD>) {
-    // Beside the state scan launched just above; with no chunks there is none, and the kernel
-    // before it in the stream is the caller's, whose writes (d_final_state) it reads at its start.
+    // Beside the state scan launched just above, or where the forward saved S and U beside the
+    // prep (bp.prep_beside: launch_prep_beside_scan); with no chunks there is neither, and the
+    // kernel before it in the stream is the caller's, whose writes (d_final_state) it reads at its
+    // start.
+    if (saved && bp.prep_beside)
+      return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, scans,
+                               bwd_state_backward_bf16_smem(), bp, stream);
     if (p.max_chunks == 0 || saved)
       return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(),
                         bp, stream);
@@ -118,11 +148,13 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
       const dim3 heads(unsigned(p.max_chunks * bp.group), unsigned(p.H), unsigned(p.N));
       // Saved states (bp.f.saved): the instantiation without U0 (the state scan's alone).
       const bool saved = p.saved != nullptr;
-      if (cudaError_t e =
-              saved ? bwd_launch(bwd_prep_bf16_kernel<E, true>, heads, bwd_prep_bf16_smem(true), bp,
-                                 stream, kBwdPrepBf16Threads)
-                    : bwd_launch(bwd_prep_bf16_kernel<E>, heads, bwd_prep_bf16_smem(false), bp,
-                                 stream, kBwdPrepBf16Threads))
+      if (saved && bp.prep_beside) {
+        if (cudaError_t e = launch_prep_beside_scan<E>(bp, stream)) return e;
+      } else if (cudaError_t e =
+                     saved ? bwd_launch(bwd_prep_bf16_kernel<E, true>, heads,
+                                        bwd_prep_bf16_smem(true), bp, stream, kBwdPrepBf16Threads)
+                           : bwd_launch(bwd_prep_bf16_kernel<E>, heads, bwd_prep_bf16_smem(false),
+                                        bp, stream, kBwdPrepBf16Threads))
         return e;
     } else {
       if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast, kHD>, chunks,

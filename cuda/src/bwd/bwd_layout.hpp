@@ -229,6 +229,54 @@ static_assert(kBwdPrepBf16Blocks[0] * (bwd_prep_bf16_smem(false) + kSm90SmemRese
                   kBwdPrepBf16Blocks[1] * (bwd_prep_bf16_smem(true) + kSm90SmemReservedPerBlock) <=
                       kSm90SmemPerMultiprocessor,
               "the bf16 prep's blocks a multiprocessor");
+/// The saved backward's prep beside its state-gradient scan (bwd/bwd_prep_beside_scan.cuh). Where
+/// the forward saved S and U (kla_chunk_backward_saved) and the scan's blocks are one wave (one a
+/// multiprocessor: N HV V / kBwdBf16Slice of them on `sms`), the prep runs as a resident grid of
+/// kBwdPrepBf16Blocks[1] blocks a multiprocessor taking the (chunk, value head) items in the order
+/// the scan reads them, the scan launched programmatically beside it, waiting for each chunk's
+/// records by their ready flags. Until `first` items are taken every prep block works; then all
+/// but one a multiprocessor leave, the scan's blocks take their place, and the one left feeds the
+/// scan (docs/prefill_notes.md, round 2 session 39, has the schedule's measurements). Elsewhere
+/// (several waves of scan blocks: a wave would wait for the prep of its sequences at one block a
+/// multiprocessor) the prep runs before the scan, as a grid of its own.
+/// (max_chunks: of the longest sequence; the items, max_chunks N HV, are counted in int.)
+constexpr bool bwd_saved_prep_beside_scan(bool saved, bool bf16_grads, bool programmatic,
+                                          int64_t max_chunks, int64_t N, int64_t HV, int64_t V,
+                                          int64_t sms) {
+  return saved && bf16_grads && programmatic && sms > 0 && max_chunks > 0 &&
+         N * HV * (V / kBwdBf16Slice) <= sms && max_chunks * N * HV <= (int64_t(1) << 30);
+}
+/// Items (chunk steps x sequences x value heads) that every block of the prep beside the scan
+/// works on before all but one a multiprocessor leave: kBwdBesideFirstPermille of them. The
+/// balance point: the scan, once started, catches up with the one block a multiprocessor left
+/// just as the last item is done (measured rates: docs/prefill_notes.md, round 2 session 39).
+constexpr int kBwdBesideFirstPermille = 500;
+constexpr int64_t bwd_beside_first_items(int64_t items, int permille = kBwdBesideFirstPermille) {
+  return items * permille / 1000;
+}
+/// Item i (< max_chunks N HV) of the prep beside the scan, in the order the scan reads the records:
+/// step s = i / (N HV) from each sequence's last chunk (chunk nch_n - 1 - s of sequence n, nch_n
+/// its chunks; no tile once s >= nch_n), then sequence n, then value head hv.
+struct BwdBesideItem {
+  int step, n, hv;
+};
+constexpr BwdBesideItem bwd_beside_item(int i, int N, int HV) {
+  return {i / (N * HV), (i % (N * HV)) / HV, (i % (N * HV)) % HV};
+}
+/// Where the prep beside the scan keeps its ready flags and schedule, in the record's u slot (U0's,
+/// which a saved backward's prep does not form, and which nothing reads in that configuration):
+/// each record's first kBwdReadyFlagBytes bytes (its flag the first int, set to 1 once the
+/// record's tiles are written), and after record 0's flag the schedule's counters (two item
+/// counters, then one arrival counter a multiprocessor, at most kBwdBesideMaxSms); the host zeroes
+/// both (two memsets on the call's stream) before the prep starts.
+constexpr int64_t kBwdReadyFlagBytes = 16;
+constexpr int kBwdBesideMaxSms = 1024;
+constexpr int64_t bwd_beside_counter_bytes(int64_t sms) {
+  return 4 * (2 + sms);
+}
+static_assert(kBwdReadyFlagBytes + bwd_beside_counter_bytes(kBwdBesideMaxSms) <=
+                  4 * kChunk * kBwdCompiledHeadDim,
+              "the flags and counters fit record 0's u slot");
 /// Chunks a block of the bf16 input gradients (bwd/bwd_input_grads_bf16.cuh;
 /// BwdParams::grads_chunks) takes in turn, a key head's: while a chunk's last value head is worked
 /// on, the next chunk's first tiles are copied in, which a block of one chunk waits for at its

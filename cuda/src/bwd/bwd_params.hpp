@@ -30,6 +30,9 @@ struct BwdParams {
   int fast;          // 1: the forward's arithmetic is FAST (one-part products, bwd/block_gemm.cuh)
   int programmatic;  // 1: the device launches programmatically (sm_90 and later; bwd_launch.cuh)
   int grads_chunks;  // chunks a block of the bf16 input gradients takes in turn (bwd_block_chunks)
+  int sms;           // the device's multiprocessors
+  int prep_beside;   // 1: the saved prep runs beside the state-gradient scan (bwd_layout.hpp)
+  int beside_first;  // its items every prep block takes before all but one a multiprocessor leave
 };
 
 }  // namespace kla::kernels

@@ -34,22 +34,18 @@
 
 namespace kla::kernels {
 
-/// Grid (chunk x value head of the key head, key head, sequence): block x = c group + j prepares
-/// chunk c for value head h group + j, so a key head's value heads of one chunk run side by side
-/// and read its K and Q rows from L2 once. kSaved (kla_chunk_backward_saved: the forward saved S
-/// and U) forms no U0, so it copies no V rows and splits no A^-1 diag(beta vs): the rest of its
-/// record is bitwise the default's.
-template <class E, bool kSaved = false>
-__global__ void __launch_bounds__(kBwdPrepBf16Threads, kBwdPrepBf16Blocks[kSaved])
-    bwd_prep_bf16_kernel(const BwdParams bp) {
+/// The record of one (chunk, value head) tile pt (pt.L > 0), by the whole block
+/// (kBwdPrepBf16Threads threads, bwd_prep_bf16_smem(kSaved) bytes of dynamic shared memory). j =
+/// pt.hv % group: the key head's first value head (j = 0) also writes the raw keys and queries.
+/// kSaved (kla_chunk_backward_saved: the forward saved S and U) forms no U0, so it copies no V rows
+/// and splits no A^-1 diag(beta vs): the rest of its record is bitwise the default's. Its last
+/// accesses to shared memory and the record are not followed by a barrier: a caller that goes on
+/// to another tile waits at one first.
+template <class E, bool kSaved>
+__device__ __forceinline__ void bwd_prep_bf16_tile(const BwdParams& bp, const PrepTile& pt, int j) {
   using namespace bwd_bf16;
-  static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
-  __builtin_assume(blockDim.x == kBwdPrepBf16Threads);  // the launcher's (bwd_launch.cuh)
   const KernelParams& p = bp.f;
-  const int j = int(blockIdx.x) % bp.group;
-  const PrepTile pt = bwd_head_tile(p, int(blockIdx.x) / bp.group, int(blockIdx.y) * bp.group + j);
   const int L = pt.L;
-  if (L == 0) return;
   const BwdRecord R(K, V);
   float* const rec = bwd_record(bp, pt.n, pt.sr, pt.c, pt.hv);
   bf16* const rb = reinterpret_cast<bf16*>(rec);
@@ -189,6 +185,21 @@ __global__ void __launch_bounds__(kBwdPrepBf16Threads, kBwdPrepBf16Blocks[kSaved
     }
   }
   zero_tile_padding(rb + R.b_wh, 2 * C);  // W's padding
+}
+
+/// Grid (chunk x value head of the key head, key head, sequence): block x = c group + j prepares
+/// chunk c for value head h group + j, so a key head's value heads of one chunk run side by side
+/// and read its K and Q rows from L2 once (bwd_prep_bf16_tile).
+template <class E, bool kSaved = false>
+__global__ void __launch_bounds__(kBwdPrepBf16Threads, kBwdPrepBf16Blocks[kSaved])
+    bwd_prep_bf16_kernel(const BwdParams bp) {
+  static_assert(std::is_same_v<E, __nv_bfloat16>, "bf16 storage (bwd_runs_bf16_input_grads)");
+  __builtin_assume(blockDim.x == kBwdPrepBf16Threads);  // the launcher's (bwd_launch.cuh)
+  const int j = int(blockIdx.x) % bp.group;
+  const PrepTile pt =
+      bwd_head_tile(bp.f, int(blockIdx.x) / bp.group, int(blockIdx.y) * bp.group + j);
+  if (pt.L == 0) return;
+  bwd_prep_bf16_tile<E, kSaved>(bp, pt, j);
 }
 
 }  // namespace kla::kernels

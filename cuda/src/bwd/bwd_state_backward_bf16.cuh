@@ -26,9 +26,40 @@
 
 #include <type_traits>
 
+#include "bwd/bwd_prep_beside_scan.cuh"
 #include "bwd/bwd_warp_tile_bf16.cuh"
 
 namespace kla::kernels {
+
+/// The scan's copying thread beside the prep (bp.prep_beside): waits until chunk ch's records are
+/// ready (its value head's, rec0 + ch rstep, and the key head's first value head's, kr0 + ch rstep,
+/// which holds the raw keys and queries: bwd/bwd_prep_beside_scan.cuh sets their flags), takes the
+/// chunks below it that are ready too (at most kBwdReadyBatch in all, their flags read together),
+/// and fences once for them all; returns the lowest chunk taken: from there to ch its copies may
+/// be issued.
+constexpr int kBwdReadyBatch = 8;
+__device__ __forceinline__ int bwd_take_ready_chunks(const float* rec0, const float* kr0,
+                                                     int64_t rstep, int ch) {
+  for (;;) {
+    int ready[kBwdReadyBatch];
+#pragma unroll
+    for (int d = 0; d < kBwdReadyBatch; ++d) {
+      const int c = ch - d;
+      ready[d] = c >= 0 ? flag_relaxed(bwd_ready_flag(rec0 + c * rstep)) &
+                              flag_relaxed(bwd_ready_flag(kr0 + c * rstep))
+                        : 0;
+    }
+    int taken = 0;
+#pragma unroll
+    for (int d = 0; d < kBwdReadyBatch; ++d)
+      if (ready[d] != 0 && taken == d) taken = d + 1;
+    if (taken > 0) {
+      acquire_fence_for_bulk_copies();
+      return ch - taken + 1;
+    }
+    __nanosleep(128);
+  }
+}
 
 template <class E>
 __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
@@ -93,7 +124,12 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
   const float* const kr0 = KLA_MUTANT(bwd_scan_keys_own_record)
                                ? rec0
                                : bwd_record_of_head(bp, rec0, blk.hv, blk.h * bp.group);
+  // Beside the prep (bp.prep_beside, bwd/bwd_prep_beside_scan.cuh): the copying thread's chunks
+  // from ready_from on are known written (their flags read set, then one acquire fence).
+  int ready_from = nch;
   auto issue_k = [&](int ch) {  // the raw keys, M's parts, the raw dY slice, G, kscale, qscale
+    if (bp.prep_beside && tid == 0 && ch < ready_from && !KLA_MUTANT(bwd_scan_ready_ignored))
+      ready_from = bwd_take_ready_chunks(rec0, kr0, rstep, ch);
     const float* rec = rec0 + ch * rstep;
     const bf16* rb = reinterpret_cast<const bf16*>(rec);
     kg.expect(unsigned(C * PB * 2 + 2 * C * PBC * 2 + C * PS * 2 + 3 * C * 4));

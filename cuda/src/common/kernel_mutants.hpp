@@ -33,6 +33,8 @@ enum class KernelMutant : int {
   split_fold_transition_skipped,     // cp/segments.cu: the fold carries L alone (S_in = L)
   saved_u_update_scaled,             // scan/wy_scan.cuh: the saved U keeps step B's update scale
   saved_u_update_scaled_transposed,  // scan/wy_scan_transposed.cuh: the same, saved U^T
+  bwd_scan_ready_ignored,  // bwd/bwd_state_backward_bf16.cuh: beside the prep, copies unready
+                           // records
   count
 };
 
@@ -58,7 +60,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "bwd_grads_next_states_skipped",
                                                      "split_fold_transition_skipped",
                                                      "saved_u_update_scaled",
-                                                     "saved_u_update_scaled_transposed"};
+                                                     "saved_u_update_scaled_transposed",
+                                                     "bwd_scan_ready_ignored"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 
