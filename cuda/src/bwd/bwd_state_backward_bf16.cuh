@@ -17,7 +17,9 @@
 // kernel holds them: bwd_bf16_record_fits); it writes dS (the gradient of the chunk's outgoing
 // state) and dU to the record in bf16 for bwd/bwd_input_grads_bf16.cuh, their only reader in this
 // configuration, and at the end d(initial state) in fp32. It reads nothing the state scan writes,
-// so on sm_90 it runs beside it (bwd_launch_beside).
+// so on sm_90 it runs beside it (bwd_launch_beside); in a saved backward of one wave it runs
+// beside the prep instead (bp.prep_beside, bwd/bwd_prep_beside_scan.cuh), its copying thread
+// waiting for each chunk's records' ready flags before it copies them (bwd_take_ready_chunks).
 //
 // Precision as bwd/bwd_state_forward_bf16.cuh's: each product errs below about 2^-16 relative,
 // finer than the TF32 scan's one part an operand (2^-10); dS accumulates in fp32, the parts of a
