@@ -1214,6 +1214,41 @@ TEST(CudaBackward, FastBf16PackedCallMatchesEachSequenceAlone) {
   }
 }
 
+/// `call(stream)` (one backward entry point, enqueued on the stream it is given) captured in a
+/// CUDA graph on a non-blocking stream, then replayed three times, the outputs (and with
+/// `poison_workspace` the workspace) poisoned with NaN before each: every replay's gradients must
+/// equal `direct` bit for bit.
+template <class Call>
+void expect_replays_match_direct_call(DeviceBackward& dev,
+                                      const std::array<std::vector<unsigned char>, kGrads>& direct,
+                                      Call call, bool poison_workspace, const std::string& what) {
+  // Owned, so that a failed assertion below frees them too.
+  cudaStream_t s;
+  KLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> own_s(s, cudaStreamDestroy);
+  cudaGraph_t graph;
+  KLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const kla_status st = call(s);
+  KLA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  const std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> own_graph(graph, cudaGraphDestroy);
+  ASSERT_EQ(st, KLA_SUCCESS) << what << ": " << kla_last_error_message();
+  cudaGraphExec_t exec;
+  KLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const std::unique_ptr<CUgraphExec_st, decltype(&cudaGraphExecDestroy)> own_exec(
+      exec, cudaGraphExecDestroy);
+  for (int rep = 0; rep < 3; ++rep) {
+    dev.fill_outputs(0xFF);
+    if (poison_workspace) dev.fill_workspace(0xFF);
+    KLA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    KLA_CUDA_CHECK(cudaStreamSynchronize(s));
+    const auto replay = dev.download();
+    for (int g = 0; g < kGrads; ++g)
+      EXPECT_TRUE(replay[g] == direct[g])
+          << kGradNames[g] << " of replay " << rep << " differs from the direct call, " << what
+          << " " << rerun_hint();
+  }
+}
+
 /// The backward captured in a CUDA graph on a non-blocking stream and replayed equals the direct
 /// call bit for bit, replay after replay (the outputs poisoned before each): capture records every
 /// kernel and the same dependencies, the launches taking no host value a replay would miss. At
@@ -1239,32 +1274,8 @@ TEST(CudaBackward, GraphReplayMatchesDirectCall) {
         const std::string what = std::string(dtype_name(dt)) + " " + arithmetic_name(arith) +
                                  " K = V = " + std::to_string(dim);
 
-        // Owned, so that a failed assertion below frees them too.
-        cudaStream_t s;
-        KLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> own_s(s,
-                                                                               cudaStreamDestroy);
-        cudaGraph_t graph;
-        KLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-        const kla_status st = kla_chunk_backward(&bp, s);
-        KLA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-        const std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> own_graph(graph,
-                                                                                 cudaGraphDestroy);
-        ASSERT_EQ(st, KLA_SUCCESS) << what << ": " << kla_last_error_message();
-        cudaGraphExec_t exec;
-        KLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        const std::unique_ptr<CUgraphExec_st, decltype(&cudaGraphExecDestroy)> own_exec(
-            exec, cudaGraphExecDestroy);
-        for (int rep = 0; rep < 3; ++rep) {
-          dev.fill_outputs(0xFF);
-          KLA_CUDA_CHECK(cudaGraphLaunch(exec, s));
-          KLA_CUDA_CHECK(cudaStreamSynchronize(s));
-          const auto replay = dev.download();
-          for (int g = 0; g < kGrads; ++g)
-            EXPECT_TRUE(replay[g] == direct[g])
-                << kGradNames[g] << " of replay " << rep << " differs from the direct call, "
-                << what << " " << rerun_hint();
-        }
+        expect_replays_match_direct_call(
+            dev, direct, [&](cudaStream_t s) { return kla_chunk_backward(&bp, s); }, false, what);
       }
 }
 
@@ -1313,29 +1324,10 @@ TEST(CudaBackward, SavedBesidePrepGraphReplayMatchesDirectCall) {
     }
     EXPECT_EQ(bad, 0u) << kGradNames[g] << ": elements not finite " << rerun_hint();
   }
-  cudaStream_t s;
-  KLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> own_s(s, cudaStreamDestroy);
-  cudaGraph_t graph;
-  KLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  const kla_status st = kla_chunk_backward_saved(&bp, saved, saved_bytes, s);
-  KLA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  const std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> own_graph(graph, cudaGraphDestroy);
-  ASSERT_EQ(st, KLA_SUCCESS) << kla_last_error_message();
-  cudaGraphExec_t exec;
-  KLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const std::unique_ptr<CUgraphExec_st, decltype(&cudaGraphExecDestroy)> own_exec(
-      exec, cudaGraphExecDestroy);
-  for (int rep = 0; rep < 3; ++rep) {
-    dev.fill_outputs(0xFF);
-    dev.fill_workspace(0xFF);
-    KLA_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    KLA_CUDA_CHECK(cudaStreamSynchronize(s));
-    const auto replay = dev.download();
-    for (int g = 0; g < kGrads; ++g)
-      EXPECT_TRUE(replay[g] == direct[g]) << kGradNames[g] << " of replay " << rep
-                                          << " differs from the direct call " << rerun_hint();
-  }
+  expect_replays_match_direct_call(
+      dev, direct,
+      [&](cudaStream_t s) { return kla_chunk_backward_saved(&bp, saved, saved_bytes, s); }, true,
+      "the saved backward, its prep beside the scan");
 }
 
 }  // namespace
