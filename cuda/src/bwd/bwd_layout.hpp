@@ -236,7 +236,7 @@ static_assert(kBwdPrepBf16Blocks[0] * (bwd_prep_bf16_smem(false) + kSm90SmemRese
 /// the scan reads them, the scan launched programmatically beside it, waiting for each chunk's
 /// records by their ready flags. Until `first` items are taken every prep block works; then all
 /// but one a multiprocessor leave, the scan's blocks take their place, and the one left feeds the
-/// scan (docs/prefill_notes.md, round 2 session 39, has the schedule's measurements). Elsewhere
+/// scan (docs/prefill_notes.md, round 2 session 39: the schedule and its model). Elsewhere
 /// (several waves of scan blocks: a wave would wait for the prep of its sequences at one block a
 /// multiprocessor) the prep runs before the scan, as a grid of its own.
 /// (max_chunks: of the longest sequence; the items, max_chunks N HV, are counted in int.)
@@ -247,9 +247,10 @@ constexpr bool bwd_saved_prep_beside_scan(bool saved, bool bf16_grads, bool prog
          N * HV * (V / kBwdBf16Slice) <= sms && max_chunks * N * HV <= (int64_t(1) << 30);
 }
 /// Items (chunk steps x sequences x value heads) that every block of the prep beside the scan
-/// works on before all but one a multiprocessor leave: kBwdBesideFirstPermille of them. The
-/// balance point: the scan, once started, catches up with the one block a multiprocessor left
-/// just as the last item is done (measured rates: docs/prefill_notes.md, round 2 session 39).
+/// works on before all but one a multiprocessor leave: kBwdBesideFirstPermille of them. Meant as
+/// the balance point, where the scan, once started, catches up with the one block a multiprocessor
+/// left just as the last item is done: 1/2 on session 38's H100 rates, nearer 0.37 on an H200's
+/// (docs/prefill_notes.md, round 2 session 39: a model, to be measured).
 constexpr int kBwdBesideFirstPermille = 500;
 constexpr int64_t bwd_beside_first_items(int64_t items, int permille = kBwdBesideFirstPermille) {
   return items * permille / 1000;
