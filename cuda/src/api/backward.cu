@@ -52,6 +52,7 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
   b.fast = p.forward.arithmetic == KLA_ARITHMETIC_FAST ? 1 : 0;
   b.programmatic = dev.cc_major >= 9 ? 1 : 0;
   b.grads_chunks = kla::layout::bwd_block_chunks(pb.max_chunks, p.forward.num_heads, pb.N, dev.sms);
+  b.sms = dev.sms;
   return b;
 }
 
@@ -81,7 +82,6 @@ kla_status run_backward(const kla_backward_params* p, bool use_saved, const void
   kla::kernels::BwdParams b = translate_backward(*p, dev);
   b.f.saved = const_cast<void*>(saved);  // read only (the input gradients, bwd_bf16_states)
   const int64_t N = b.f.N, HV = p->forward.num_v_heads;
-  b.sms = dev.sms;
   b.prep_beside = kla::layout::bwd_saved_prep_beside_scan(
                       use_saved, bf16_grads, b.programmatic != 0, b.f.max_chunks, N, HV, V, dev.sms)
                       ? 1

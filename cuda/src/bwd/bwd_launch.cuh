@@ -83,8 +83,8 @@ cudaError_t launch_prep_beside_scan(const BwdParams& bp, cudaStream_t stream) {
   if (cudaError_t e = cudaMemset2DAsync(flags, size_t(bp.rec_floats) * 4, 0,
                                         size_t(kBwdReadyFlagBytes), size_t(records), stream))
     return e;
-  if (cudaError_t e = cudaMemsetAsync(flags + kBwdReadyFlagBytes, 0,
-                                      size_t(bwd_beside_counter_bytes(kBwdBesideMaxSms)), stream))
+  if (cudaError_t e =
+          cudaMemsetAsync(flags + kBwdReadyFlagBytes, 0, size_t(kBwdBesideCounterBytes), stream))
     return e;
   for (cudaError_t e : {bwd_prefer_max_shared(bwd_prep_bf16_beside_scan_kernel<E>),
                         bwd_prefer_max_shared(bwd_state_backward_bf16_kernel<E>)})

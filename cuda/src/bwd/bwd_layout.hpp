@@ -252,8 +252,8 @@ constexpr bool bwd_saved_prep_beside_scan(bool saved, bool bf16_grads, bool prog
 /// left just as the last item is done: 1/2 on session 38's H100 rates, nearer 0.37 on an H200's
 /// (docs/prefill_notes.md, round 2 session 39: a model, to be measured).
 constexpr int kBwdBesideFirstPermille = 500;
-constexpr int64_t bwd_beside_first_items(int64_t items, int permille = kBwdBesideFirstPermille) {
-  return items * permille / 1000;
+constexpr int64_t bwd_beside_first_items(int64_t items) {
+  return items * kBwdBesideFirstPermille / 1000;
 }
 /// Item i (< max_chunks N HV) of the prep beside the scan, in the order the scan reads the records:
 /// step s = i / (N HV) from each sequence's last chunk (chunk nch_n - 1 - s of sequence n, nch_n
@@ -272,11 +272,8 @@ constexpr BwdBesideItem bwd_beside_item(int i, int N, int HV) {
 /// both (two memsets on the call's stream) before the prep starts.
 constexpr int64_t kBwdReadyFlagBytes = 16;
 constexpr int kBwdBesideMaxSms = 1024;
-constexpr int64_t bwd_beside_counter_bytes(int64_t sms) {
-  return 4 * (2 + sms);
-}
-static_assert(kBwdReadyFlagBytes + bwd_beside_counter_bytes(kBwdBesideMaxSms) <=
-                  4 * kChunk * kBwdCompiledHeadDim,
+constexpr int64_t kBwdBesideCounterBytes = 4 * (2 + kBwdBesideMaxSms);
+static_assert(kBwdReadyFlagBytes + kBwdBesideCounterBytes <= 4 * kChunk * kBwdCompiledHeadDim,
               "the flags and counters fit record 0's u slot");
 /// Chunks a block of the bf16 input gradients (bwd/bwd_input_grads_bf16.cuh;
 /// BwdParams::grads_chunks) takes in turn, a key head's: while a chunk's last value head is worked
