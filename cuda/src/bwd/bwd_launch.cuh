@@ -87,7 +87,7 @@ cudaError_t launch_prep_beside_scan(const BwdParams& bp, cudaStream_t stream) {
           cudaMemsetAsync(flags + kBwdReadyFlagBytes, 0, size_t(kBwdBesideCounterBytes), stream))
     return e;
   for (cudaError_t e : {bwd_prefer_max_shared(bwd_prep_bf16_beside_scan_kernel<E>),
-                        bwd_prefer_max_shared(bwd_state_backward_bf16_kernel<E>)})
+                        bwd_prefer_max_shared(bwd_state_backward_bf16_kernel<E, true>)})
     if (e != cudaSuccess) return e;
   const dim3 grid(unsigned(kBwdPrepBf16Blocks[1] * bp.sms));
   return bwd_launch(bwd_prep_bf16_beside_scan_kernel<E>, grid, bwd_prep_bf16_smem(true), bp, stream,
@@ -125,7 +125,7 @@ cudaError_t launch_backward_scans(const BwdParams& bp, cudaStream_t stream, cons
     // kernel before it in the stream is the caller's, whose writes (d_final_state) it reads at its
     // start.
     if (saved && bp.prep_beside)
-      return bwd_launch_beside(bwd_state_backward_bf16_kernel<E>, scans,
+      return bwd_launch_beside(bwd_state_backward_bf16_kernel<E, true>, scans,
                                bwd_state_backward_bf16_smem(), bp, stream);
     if (p.max_chunks == 0 || saved)
       return bwd_launch(bwd_state_backward_bf16_kernel<E>, scans, bwd_state_backward_bf16_smem(),

@@ -63,7 +63,10 @@ __device__ __forceinline__ int bwd_take_ready_chunks(const float* rec0, const fl
   }
 }
 
-template <class E>
+// kBesidePrep: launched beside the saved prep (bp.prep_beside), so the copying thread waits for
+// the records' ready flags; the instantiation without it carries no such code, so that the scans
+// that follow the prep keep their schedule (a run-time branch cost them 2% on an H100).
+template <class E, bool kBesidePrep = false>
 __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
     bwd_state_backward_bf16_kernel(const BwdParams bp) {
   using namespace bwd_bf16;
@@ -130,8 +133,9 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
   // from ready_from on are known written (their flags read set, then one acquire fence).
   int ready_from = nch;
   auto issue_k = [&](int ch) {  // the raw keys, M's parts, the raw dY slice, G, kscale, qscale
-    if (bp.prep_beside && tid == 0 && ch < ready_from && !KLA_MUTANT(bwd_scan_ready_ignored))
-      ready_from = bwd_take_ready_chunks(rec0, kr0, rstep, ch);
+    if constexpr (kBesidePrep)
+      if (tid == 0 && ch < ready_from && !KLA_MUTANT(bwd_scan_ready_ignored))
+        ready_from = bwd_take_ready_chunks(rec0, kr0, rstep, ch);
     const float* rec = rec0 + ch * rstep;
     const bf16* rb = reinterpret_cast<const bf16*>(rec);
     kg.expect(unsigned(C * PB * 2 + 2 * C * PBC * 2 + C * PS * 2 + 3 * C * 4));
