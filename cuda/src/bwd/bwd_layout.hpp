@@ -247,11 +247,11 @@ constexpr bool bwd_saved_prep_beside_scan(bool saved, bool bf16_grads, bool prog
          N * HV * (V / kBwdBf16Slice) <= sms && max_chunks * N * HV <= (int64_t(1) << 30);
 }
 /// Items (chunk steps x sequences x value heads) that every block of the prep beside the scan
-/// works on before all but one a multiprocessor leave: kBwdBesideFirstPermille of them. Meant as
-/// the balance point, where the scan, once started, catches up with the one block a multiprocessor
-/// left just as the last item is done: 1/2 on session 38's H100 rates, nearer 0.37 on an H200's
-/// (docs/prefill_notes.md, round 2 session 39: a model, to be measured).
-constexpr int kBwdBesideFirstPermille = 500;
+/// works on before all but one a multiprocessor leave: kBwdBesideFirstPermille of them. The
+/// balance point, where the scan, started when the two leave, ends just after the one block left
+/// makes the last item: measured on an H100 at 350, 500 and 650 (docs/prefill_notes.md, round 2
+/// session 40: 350 the fastest at 1x32768, the three within 1% at 1x8192).
+constexpr int kBwdBesideFirstPermille = 350;
 constexpr int64_t bwd_beside_first_items(int64_t items) {
   return items * kBwdBesideFirstPermille / 1000;
 }
