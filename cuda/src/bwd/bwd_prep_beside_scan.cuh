@@ -11,8 +11,9 @@
 // programmatically after this grid (bwd_launch_beside) and started once every block of it runs
 // (griddepcontrol.launch_dependents, first thing here), takes the multiprocessors' room as the
 // leaving blocks free it, one scan block beside one prep block (bwd_layout.hpp has the budget).
-// The leavers make the first items at the prep's full rate; the stayers keep ahead of the scan at
-// a third of it (docs/prefill_notes.md, round 2 session 39).
+// The leavers make the first items at the prep's full rate; each stayer, sharing its
+// multiprocessor with a scan block, makes the rest at about half of it, and the two slow each
+// other (docs/prefill_notes.md, round 2 session 40 has the measured spans).
 //
 // Hand-off. After a record's last write and a block barrier, thread 0 sets the record's ready flag
 // (in its u slot, which the saved configuration leaves free: kBwdReadyFlagBytes) with release
