@@ -164,6 +164,7 @@ const std::vector<Ownership>& ownership() {
        {Mutant::projection_residual_sign, Mutant::decay_after_update}},
       {"seg.combine", "segc", {Mutant::segment_combine_order}},
       {"seg.grad_combine", "segg", {Mutant::segment_grad_fold_untransposed}},
+      {"seg.grad_truncation", "segt", {Mutant::truncation_certificate_min_decay}},
       {"thm1.constraint", "cons", {Mutant::residual_undecayed}},
       {"thm1.lagrange", "lagr", {Mutant::multiplier_sign}},
       {"thm1.line_search", "line", {Mutant::loss_half_dropped, Mutant::trace_residual_sign}},

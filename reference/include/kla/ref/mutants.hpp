@@ -52,13 +52,14 @@ enum class Mutant {
   grad_chain_value_term,      ///< key_l2norm_chain: dk without the −k̂ (v̂·dv̂)/r term
   // Segment maps (segment.hpp, segment_backward.hpp).
   segment_combine_order,  ///< combine: M₁ M₂ where the later segment's M₂ must act last
-  segment_grad_fold_untransposed,  ///< fold_gradients: M_r G_r where M_rᵀ G_r belongs
+  segment_grad_fold_untransposed,    ///< fold_gradients: M_r G_r where M_rᵀ G_r belongs
+  truncation_certificate_min_decay,  ///< state_gradient_contraction: Π min α, not Π max α
 };
 
 inline constexpr std::array<Mutant, 4> gross_mutants = {
     Mutant::gdn_coefficient, Mutant::eps_dropped, Mutant::gamma_off_by_one, Mutant::nonstrict_mask};
 
-inline constexpr std::array<Mutant, 30> all_mutants = {
+inline constexpr std::array<Mutant, 31> all_mutants = {
     Mutant::gdn_coefficient,
     Mutant::eps_dropped,
     Mutant::gamma_off_by_one,
@@ -89,6 +90,7 @@ inline constexpr std::array<Mutant, 30> all_mutants = {
     Mutant::grad_chain_value_term,
     Mutant::segment_combine_order,
     Mutant::segment_grad_fold_untransposed,
+    Mutant::truncation_certificate_min_decay,
 };
 
 constexpr std::string_view mutant_name(Mutant m) {
@@ -124,6 +126,7 @@ constexpr std::string_view mutant_name(Mutant m) {
     case Mutant::grad_chain_value_term: return "grad_chain_value_term";
     case Mutant::segment_combine_order: return "segment_combine_order";
     case Mutant::segment_grad_fold_untransposed: return "segment_grad_fold_untransposed";
+    case Mutant::truncation_certificate_min_decay: return "truncation_certificate_min_decay";
   }
   return "?";
 }

@@ -12,6 +12,8 @@
 // seg.grad_combine); in floating point the fold adds one product with Mᵀ and one sum per segment.
 #pragma once
 
+#include <optional>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -30,6 +32,36 @@ HeadInputs<T> slice_tokens(const HeadInputs<T>& in, Eigen::Index start, Eigen::I
   s.eta = in.eta.segment(start, len);
   if (in.alpha.size() != 0) s.alpha = in.alpha.middleRows(start, len);
   return s;
+}
+
+/// A certificate for truncating the reverse fold (issue 25's fused backward: a segment's boundary
+/// gradient from a few chunks of the next segment run from zero instead of the whole fold): c with
+/// ‖Φ_{t0}ᵀ ⋯ Φ_{t1−1}ᵀ G‖_F ≤ c ‖G‖_F for every G, the state gradient that tokens [t0, t1) pass
+/// back (with dO = 0; Φ_t(S) = (I − β_t k_t k_tᵀ) diag(α_t) S, so Φ_tᵀ(G) = diag(α_t)(I − β_t k_t
+/// k_tᵀ) G), where c = Π_t max_i α_{t,i}. Valid when every token has 0 ≤ β_t ‖k_t‖² ≤ 2, where
+/// ‖I − β k kᵀ‖₂ = max(1, |1 − β‖k‖²|) = 1: always under the Kaczmarz coefficient with η ∈ [0, 1]
+/// (β‖k‖² = η ‖k‖²/(‖k‖²+ε) ≤ η), for the given one where its keys allow; otherwise std::nullopt
+/// (no certificate: the fold must be exact). Under Readout::qk_l2norm the keys are the normalised
+/// ones, ‖k̂‖² = ‖k‖²/(‖k‖²+ε_n). So dropping the share of a gradient G that passes through
+/// [t0, t1) errs by at most c ‖G‖_F: below the working precision's rounding of G when c is.
+/// Numerical contract: exact over Rational (products and one division a token, no sqrt;
+/// proofs_check seg.grad_truncation compares squared norms).
+template <class T>
+std::optional<T> state_gradient_contraction(const HeadInputs<T>& in, const Options<T>& opt,
+                                            Eigen::Index t0, Eigen::Index t1) {
+  if (t0 < 0 || t1 < t0 || t1 > in.length())
+    throw std::invalid_argument("state_gradient_contraction: tokens outside the head's");
+  T c(1);
+  for (Eigen::Index t = t0; t < t1; ++t) {
+    T kk = in.k.row(t).squaredNorm();
+    if (opt.readout == Readout::qk_l2norm) kk = T(kk / T(kk + opt.l2norm_eps));
+    const T bk = T(coefficient(kk, in.eta(t), opt) * kk);
+    if (bk < T(0) || bk > T(2)) return std::nullopt;
+    const Vec<T> a = in.decay(t);
+    c = T(c * (active_mutant() == Mutant::truncation_certificate_min_decay ? a.minCoeff()
+                                                                           : a.maxCoeff()));
+  }
+  return c;
 }
 
 /// The reverse fold (see above): from every segment's map, the gradient `local` of its incoming
