@@ -124,7 +124,7 @@ __device__ __forceinline__ void put_global(uint32_t* out, const float (&d)[32], 
     out[j * 256 + gtid] = Dtype<__nv_bfloat16>::pack2(d[2 * j], d[2 * j + 1]);
 }
 
-template <int kParts, bool kChain, bool kGrads, bool kGlobal>
+template <int kParts, bool kChain, bool kGrads, bool kGlobal, bool kAhead>
 __device__ void fused_floor(const char* in, uint32_t* out, int chunks, int warm,
                             long long* cycles) {
   extern __shared__ __align__(1024) char smem[];
@@ -214,17 +214,20 @@ __device__ void fused_floor(const char* in, uint32_t* out, int chunks, int warm,
     if (s == 12345.f) out[0] = 1u;  // keeps the chain
   } else {  // ---- the input gradients, one chunk behind; the chain's operands two ahead
     const int gw = wg - 2, gtid = threadIdx.x - 256;
-    auto load = [&](int i) {
+    // A chunk's inputs: issued and waited for in its prep, or (kAhead) issued once the chunk
+    // before is prepared, so that they land during that chunk's gradients (over the inputs still
+    // being read: an upper bound on what a producer with a second buffer would give).
+    auto issue = [&](int i) {
       if constexpr (kGlobal) {
         const char* src = in + (blk * chunks + i % chunks) * int64_t(kInBytes);
         for (int k = gtid; k < kInBytes / 16; k += 256) cp16(smem + 16 * k, src + 16 * k, true);
         cp_commit();
-        cp_wait<0>();
       }
     };
     auto prep = [&](int i) {  // W, M, D dY, Gamma U of chunk i, for the chain
       char* const sm = opaque(smem);
-      load(i);
+      if (!kAhead || i == 0) issue(i);
+      cp_wait<0>();
       if constexpr (kGrads) {
         float acc[32];
         zero(acc);
@@ -260,6 +263,7 @@ __device__ void fused_floor(const char* in, uint32_t* out, int chunks, int warm,
       }
       fence_proxy_async_shared();
       named_bar_arrive(kWmReady + (i & 1), kThreads);
+      if (kAhead && i + 1 < steps) issue(i + 1);
     };
     for (int i = 0; i < (steps < 2 ? steps : 2); ++i) prep(i);
     for (int i = 0; i < steps; ++i) {
@@ -401,11 +405,11 @@ __device__ void fused_floor(const char* in, uint32_t* out, int chunks, int warm,
 }
 #endif
 
-template <int kParts, bool kChain, bool kGrads, bool kGlobal>
+template <int kParts, bool kChain, bool kGrads, bool kGlobal, bool kAhead = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_floor_kernel(const char* in, uint32_t* out, int chunks, int warm, long long* cycles) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fused_floor<kParts, kChain, kGrads, kGlobal>(in, out, chunks, warm, cycles);
+  fused_floor<kParts, kChain, kGrads, kGlobal, kAhead>(in, out, chunks, warm, cycles);
 #else
   if (threadIdx.x == 0) *cycles = -1;
 #endif
@@ -471,6 +475,8 @@ int main(int argc, char** argv) {
       {"fused, FAST contract (chain split)", fused_floor_kernel<2, true, true, true>,
        chain_units(2) + grads_units(2), false},
       {"fused, FAST contract, + warm-up steps", fused_floor_kernel<2, true, true, true>,
+       chain_units(2) + grads_units(2), true},
+      {"fused, FAST, + warm-up, loads a chunk ahead", fused_floor_kernel<2, true, true, true, true>,
        chain_units(2) + grads_units(2), true},
       {"fused, one part everywhere", fused_floor_kernel<1, true, true, true>,
        chain_units(1) + grads_units(1), false},
