@@ -30,6 +30,7 @@
 #include "arch/copy.cuh"
 #include "arch/split.cuh"
 #include "arch/wgmma.cuh"
+#include "sm90_device.hpp"
 
 using namespace kla::kernels;
 
@@ -437,14 +438,9 @@ struct Variant {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int dev = 0, major = 0, minor = 0, sms = 0, clock_khz = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-      major != 9 || minor != 0) {
-    std::printf("kla_fused_bwd_floor: needs a compute capability 9.0 GPU (sm_90a); none here\n");
-    return 0;
-  }
+  const int dev = sm90_device_or_explain("kla_fused_bwd_floor");
+  if (dev < 0) return 0;
+  int sms = 0, clock_khz = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev);
   cudaDeviceProp prop{};

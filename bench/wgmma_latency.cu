@@ -14,6 +14,7 @@
 
 #include "arch/split.cuh"
 #include "arch/wgmma.cuh"
+#include "sm90_device.hpp"
 
 using namespace kla::kernels;
 
@@ -375,14 +376,8 @@ __global__ void __launch_bounds__(256, 1)
 }  // namespace
 
 int main() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-      major != 9 || minor != 0) {
-    std::printf("kla_wgmma_latency: needs a compute capability 9.0 GPU (sm_90a); none here\n");
-    return 0;
-  }
+  const int dev = sm90_device_or_explain("kla_wgmma_latency");
+  if (dev < 0) return 0;
   const char* names[] = {"step A (m64n16k16 x 8), one warpgroup",
                          "m64n32k16 x 8 (step A at VS = 32, Q S at VS = 16), one warpgroup",
                          "step C (m64n32k16 x 4, K^T from shared), one warpgroup",
