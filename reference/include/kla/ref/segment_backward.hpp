@@ -39,11 +39,12 @@ HeadInputs<T> slice_tokens(const HeadInputs<T>& in, Eigen::Index start, Eigen::I
 /// ‖Φ_{t0}ᵀ ⋯ Φ_{t1−1}ᵀ G‖_F ≤ c ‖G‖_F for every G, the state gradient that tokens [t0, t1) pass
 /// back (with dO = 0; Φ_t(S) = (I − β_t k_t k_tᵀ) diag(α_t) S, so Φ_tᵀ(G) = diag(α_t)(I − β_t k_t
 /// k_tᵀ) G), where c = Π_t max_i α_{t,i}. Valid when every token has 0 ≤ β_t ‖k_t‖² ≤ 2, where
-/// ‖I − β k kᵀ‖₂ = max(1, |1 − β‖k‖²|) = 1: always under the Kaczmarz coefficient with η ∈ [0, 1]
-/// (β‖k‖² = η ‖k‖²/(‖k‖²+ε) ≤ η), for the given one where its keys allow; otherwise std::nullopt
-/// (no certificate: the fold must be exact). Under Readout::qk_l2norm the keys are the normalised
-/// ones, ‖k̂‖² = ‖k‖²/(‖k‖²+ε_n). So dropping the share of a gradient G that passes through
-/// [t0, t1) errs by at most c ‖G‖_F: below the working precision's rounding of G when c is.
+/// ‖I − β k kᵀ‖₂ ≤ 1 (its eigenvalues are 1 and 1 − β‖k‖²): always under the Kaczmarz
+/// coefficient with η ∈ [0, 1] (β‖k‖² = η ‖k‖²/(‖k‖²+ε) ≤ η), for the given one where its keys
+/// allow; otherwise std::nullopt (no certificate: the fold must be exact). Under
+/// Readout::qk_l2norm the keys are the normalised ones, ‖k̂‖² = ‖k‖²/(‖k‖²+ε_n). So dropping the
+/// share of a gradient G that passes through [t0, t1) errs by at most c ‖G‖_F: below the working
+/// precision's rounding of G when c is.
 /// Numerical contract: exact over Rational (products and one division a token, no sqrt;
 /// proofs_check seg.grad_truncation compares squared norms).
 template <class T>
