@@ -30,9 +30,11 @@
 #include "arch/copy.cuh"
 #include "arch/split.cuh"
 #include "arch/wgmma.cuh"
+#include "layout/chunk_geometry.hpp"
 #include "sm90_device.hpp"
 
 using namespace kla::kernels;
+using kla::layout::kmajor_sw128_offset;  // the wgmma operands' 128-byte swizzle
 
 namespace {
 
@@ -58,13 +60,6 @@ constexpr int grads_units(int parts) {
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-/// Byte offset of bf16 element (row, col) of a 128-byte-swizzled tile of 64-column panels.
-template <int kRows>
-__device__ __forceinline__ int sw_off(int row, int col) {
-  const int byte = (col & 63) * 2;
-  return (col >> 6) * kRows * 128 + row * 128 + ((((byte >> 4) ^ (row & 7))) << 4) + (byte & 15);
-}
 
 /// KS k-steps of m64n64k16 into d: A at a (K-major 64 rows, or M-major when TA), B at b.
 template <int KS, int TA>
@@ -109,7 +104,7 @@ __device__ __forceinline__ void put_tile(char* sm, int hi, int lo, const float (
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = 16 * w + g + 8 * h, at = sw_off<64>(row, 8 * j + 2 * t);
+      const int row = 16 * w + g + 8 * h, at = kmajor_sw128_offset(row, 8 * j + 2 * t, 64);
       const float f = rowf[row];
       uint32_t a, b;
       split_bf16x2(f * d[4 * j + 2 * h], f * d[4 * j + 2 * h + 1], a, b);
@@ -135,7 +130,7 @@ __device__ void fused_floor(const char* in, uint32_t* out, int chunks, int warm,
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x >> 7), 0);
   const int wt = threadIdx.x & 127, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, w = wt >> 5;
-  if (threadIdx.x < 512) scal[threadIdx.x >> 6][threadIdx.x & 63] = 0.5f;
+  scal[threadIdx.x >> 6][threadIdx.x & 63] = 0.5f;  // kThreads = 8 x 64 entries
   __syncthreads();
   const long long t0 = clock64();
   const int64_t blk = blockIdx.x;
@@ -165,7 +160,8 @@ __device__ void fused_floor(const char* in, uint32_t* out, int chunks, int warm,
           for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int row = 64 * h + 16 * w + g + 8 * e, at = sw_off<128>(row, 8 * j + 2 * t);
+              const int row = 64 * h + 16 * w + g + 8 * e,
+                        at = kmajor_sw128_offset(row, 8 * j + 2 * t, 128);
               uint32_t a, c;
               split_bf16x2(ds[h][4 * j + 2 * e], ds[h][4 * j + 2 * e + 1], a, c);
               *reinterpret_cast<uint32_t*>(sm + kDSh + wg * 16 * KB + at) = a;
@@ -247,7 +243,7 @@ __device__ void fused_floor(const char* in, uint32_t* out, int chunks, int warm,
           put_tile<kParts == 2>(sm, kMh, kMl, acc, scal[4]);
         } else {  // D dY (split) and Gamma U, 64 elements of each a thread
           for (int k = wt; k < 64 * 64; k += 128) {
-            const int row = k >> 6, col = 2 * (k & 63), at = sw_off<64>(row, col);
+            const int row = k >> 6, col = 2 * (k & 63), at = kmajor_sw128_offset(row, col, 64);
             const float2 y =
                 Dtype<__nv_bfloat16>::unpack2(*reinterpret_cast<const uint32_t*>(sm + kDO + at));
             const float2 u =
@@ -300,7 +296,7 @@ __device__ void fused_floor(const char* in, uint32_t* out, int chunks, int warm,
           for (int r = 0; r < 32; ++r) {
             const int row = 16 * w + g + 8 * ((r >> 1) & 1), col = 64 * gw + 8 * (r >> 2) + 2 * t;
             const float2 v = Dtype<__nv_bfloat16>::unpack2(
-                *reinterpret_cast<const uint32_t*>(sm + kV + sw_off<64>(row, col)));
+                *reinterpret_cast<const uint32_t*>(sm + kV + kmajor_sw128_offset(row, col, 64)));
             pv[(r >> 1) & 1] = fmaf(r & 1 ? v.y : v.x, p[r], pv[(r >> 1) & 1]);
           }
 #pragma unroll
