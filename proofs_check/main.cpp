@@ -163,6 +163,7 @@ const std::vector<Ownership>& ownership() {
        "dagn",
        {Mutant::projection_residual_sign, Mutant::decay_after_update}},
       {"seg.combine", "segc", {Mutant::segment_combine_order}},
+      {"seg.grad_bound", "segb", {Mutant::gradient_bound_decays_own_outputs}},
       {"seg.grad_combine", "segg", {Mutant::segment_grad_fold_untransposed}},
       {"seg.grad_truncation", "segt", {Mutant::truncation_certificate_min_decay}},
       {"thm1.constraint", "cons", {Mutant::residual_undecayed}},

@@ -175,8 +175,9 @@ std::string rerun_hint() {
 }
 
 /// How the log decays g are drawn: none; mild, logsigmoid of N(3, 1.5) (mostly in [-0.5, 0), the
-/// gates of a trained model); strong, uniform in [-5, 0] (harness.hpp's generator).
-enum class Decay { none, mild, strong };
+/// gates of a trained model); strong, uniform in [-5, 0] (harness.hpp's generator); mixed, mild on
+/// even value heads and 0 (no decay) on odd ones.
+enum class Decay { none, mild, strong, mixed };
 
 /// One test problem: the forward's configuration (harness.hpp) and what the backward adds.
 struct Case {
@@ -236,8 +237,13 @@ Problem make_problem(const Case& k) {
   std::mt19937_64 rng(c.seed ^ 0x9E3779B97F4A7C15ull);
   std::normal_distribution<double> nd(0.0, 1.0);
   std::uniform_real_distribution<double> ud(0.0, 1.0);
-  if (k.decay == Decay::mild)
+  const bool mild = k.decay == Decay::mild || k.decay == Decay::mixed;
+  if (mild)
     for (float& g : p.d.g) g = float(-std::log1p(std::exp(-(3.0 + 1.5 * nd(rng)))));
+  if (k.decay == Decay::mixed)  // g [B,T,HV], value heads innermost
+    for (int b = 0; b < c.B; ++b)
+      for (int t = 0; t < c.T; ++t)
+        for (int hv = 1; hv < c.HV; hv += 2) p.d.g[b * p.d.gs[0] + t * p.d.gs[1] + hv] = 0.f;
   for (float& e : p.d.eta) e = float(0.02 + 0.96 * ud(rng));  // strictly inside (0, 1)
   p.d_o.assign(p.d.o_elems(), std::nanf(""));
   for (int b = 0; b < c.B; ++b)
@@ -251,7 +257,7 @@ Problem make_problem(const Case& k) {
     for (float& x : p.d_final) x = float(0.5 * nd(rng));
   }
   p.g_max = chunk_log_decay_max(p.d);
-  if (k.decay == Decay::mild) {  // describe() names the largest per-token decay
+  if (mild) {  // describe() names the largest per-token decay
     double gm = 0;
     for (float g : p.d.g) gm = std::max(gm, -double(g));
     p.d.cfg.decay_max = gm;
@@ -800,6 +806,39 @@ std::vector<Case> cases_for(kla_dtype dt, kla_arithmetic arith) {
   return cs;
 }
 
+/// Long sequences at K = V = 128 for the saved backward alone, whose state-gradient chain runs as
+/// segments of 8 chunks or more where the device allows (bwd/bwd_state_grad_segments.cuh; these
+/// sizes get 8 on any GPU of 16 multiprocessors or more): mild decay, where every segment's
+/// warm-up window is certified (a few chunks into the next segment); and packed sequences whose
+/// odd value heads have no decay (no window: those heads run whole in the state-gradient scan, the
+/// even ones as segments).
+std::vector<Case> long_saved_cases() {
+  std::vector<Case> cs;
+  const std::uint64_t seed = base_seed() + 7700;
+  {  // 21 chunks: segments of 8, 8 and 5; Kaczmarz with the qk l2-norm, initial state and dS_T
+    Case k{"long_k128_mild_segments", {}, Decay::mild, true, true, KLA_ARITHMETIC_FAST};
+    Config& c = k.cfg;
+    c.B = 1, c.T = 64 * 20 + 17, c.H = 1, c.HV = 2, c.K = 128, c.V = 128;
+    c.readout = KLA_READOUT_QK_L2NORM;
+    cs.push_back(k);
+  }
+  {  // 10 + 10 chunks packed around a one-token sequence, given beta with the qk l2-norm
+    Case k{"long_varlen_k128_mixed_decay", {}, Decay::mixed, true, true, KLA_ARITHMETIC_FAST};
+    Config& c = k.cfg;
+    c.B = 1, c.T = 1240, c.H = 1, c.HV = 2, c.K = 128, c.V = 128;
+    c.cu_seqlens = {0, 620, 621, 1240};
+    c.coefficient = KLA_COEFF_GIVEN;
+    c.readout = KLA_READOUT_QK_L2NORM;
+    cs.push_back(k);
+  }
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    cs[i].cfg.dtype = KLA_DTYPE_BF16;
+    cs[i].cfg.arithmetic = KLA_ARITHMETIC_FAST;
+    cs[i].cfg.seed = seed + i;
+  }
+  return cs;
+}
+
 /// Runs every case of a dtype on the device in arithmetic `arith`, then the reference of all their
 /// heads at once (on every CPU core, the longest heads first), and compares. `saving_paths`, if
 /// any: the cases at K = V = 128 alone, each through kla_chunk_forward_saving on each of these
@@ -816,6 +855,8 @@ void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITH
   std::vector<Problem> problems;
   for (const Case& k : cases_for(dt, arith))
     if (!from_saved || (k.cfg.K == 128 && k.cfg.V == 128)) problems.push_back(make_problem(k));
+  if (from_saved)
+    for (const Case& k : long_saved_cases()) problems.push_back(make_problem(k));
   // got[i][r]: problem i's gradients from run r (the plain backward, or one a saving path).
   const std::size_t runs = from_saved ? saving_paths.size() : 1;
   std::vector<std::vector<Gradients>> got(problems.size(), std::vector<Gradients>(runs));
@@ -925,10 +966,12 @@ TEST(CudaBackward, FastBf16AgainstMpfr) {
 
 /// The backward from the forward's saved states (kla.h "Saved states"): every K = V = 128 case
 /// of FastBf16AgainstMpfr (dense and packed, grouped value heads up to 4, 16 value heads, with and
-/// without an initial state and dS_T), saved by each saving scan (WY at 32 columns, and the
-/// transposed scan), the same bounds. The kernel mutants saved_u_update_scaled and
-/// saved_u_update_scaled_transposed (a scan's saved U scaled by the update factors) each fail here,
-/// in that scan's runs.
+/// without an initial state and dS_T) and the long cases of long_saved_cases (on an sm_90 device
+/// the state-gradient chain runs as segments: certified warm-up windows, and heads left whole to
+/// the scan), saved by each saving scan (WY at 32 columns, and the transposed scan), the same
+/// bounds. The kernel mutant bwd_chain_no_warmup (segments started at their own end) fails here.
+/// The kernel mutants saved_u_update_scaled and saved_u_update_scaled_transposed (a scan's saved U
+/// scaled by the update factors) each fail here, in that scan's runs.
 TEST(CudaBackward, FastBf16FromSavedStatesAgainstMpfr) {
   KLA_REQUIRE_GPU();
   expect_cases_match_reference(KLA_DTYPE_BF16, KLA_ARITHMETIC_FAST,
@@ -1281,7 +1324,10 @@ TEST(CudaBackward, GraphReplayMatchesDirectCall) {
 
 /// The saved backward (kla_chunk_backward_saved) where its prep runs beside the state-gradient
 /// scan (bwd_saved_prep_beside_scan: one wave of scan blocks, here 2 sequences x 16 value heads x
-/// 4 slices = 128, on a device of at least that many multiprocessors), captured in a CUDA graph on
+/// 4 slices = 128, on a device of at least that many multiprocessors; on an sm_90 device running
+/// the sm_90a image the segmented chain runs instead, bwd/bwd_state_grad_segments.cuh, its windows,
+/// its segments of 8 chunks and the scan's leaving blocks then the calls captured), captured in a
+/// CUDA graph on
 /// a non-blocking stream and replayed, equals the direct call bit for bit, replay after replay,
 /// with the workspace and the outputs poisoned (NaN) before each: the records' ready flags and the
 /// schedule's counters are zeroed inside the graph (memset nodes), the scan waits for every record

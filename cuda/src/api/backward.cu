@@ -3,6 +3,7 @@
 // allocation: capturable in a CUDA graph.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "api/device.hpp"
 #include "api/errors.hpp"
@@ -56,6 +57,20 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
   return b;
 }
 
+/// Why the segmented state-gradient chain (bwd/bwd_state_grad_segments.cuh) cannot run on `dev`
+/// with this build, or "" where it can (the call's own conditions, saved states and the bf16
+/// kernels, are the caller's).
+std::string chain_can_implement(const kla::plan::DeviceInfo& dev) {
+  if (!kla::plan::this_build().sm90a) return "the library was built without sm_90a kernels";
+  if (dev.cc_major != 9 || dev.cc_minor != 0) return "the chain is sm_90a code (9.0 only)";
+  if (dev.max_smem < kla::layout::bwd_chain_smem())
+    return cat("it needs ", kla::layout::bwd_chain_smem(), " bytes of shared memory a block");
+  return "";
+}
+bool chain_runs_here(const kla::plan::DeviceInfo& dev) {
+  return chain_can_implement(dev).empty();
+}
+
 /// kla_chunk_backward, or with `saved` (validated: kla_chunk_backward_saved) reading each chunk's
 /// S and U from the forward's saved states instead of running the state scan.
 kla_status run_backward(const kla_backward_params* p, bool use_saved, const void* saved,
@@ -87,6 +102,21 @@ kla_status run_backward(const kla_backward_params* p, bool use_saved, const void
                       ? 1
                       : 0;
   b.beside_first = int(kla::layout::bwd_beside_first_items(b.f.max_chunks * N * HV));
+  // The state-gradient chain as segments (bwd/bwd_state_grad_segments.cuh) where it can run: saved
+  // states, the bf16 kernels, an sm_90 device running this build's sm_90a image, its shared
+  // memory. It replaces the prep beside the scan (whose scan it runs after, for the heads it
+  // leaves).
+  if (use_saved && bf16_grads && chain_runs_here(dev)) {
+    constexpr int64_t kChunk = kla::layout::kChunk;
+    std::vector<int64_t> chunks(size_t(N), (p->forward.seq_len + kChunk - 1) / kChunk);
+    if (p->forward.cu_seqlens_host)
+      for (int64_t n = 0; n < N; ++n)
+        chunks[size_t(n)] =
+            (p->forward.cu_seqlens_host[n + 1] - p->forward.cu_seqlens_host[n] + kChunk - 1) /
+            kChunk;
+    b.chain_seg = kla::layout::bwd_chain_segment(chunks.data(), N, HV, dev.sms);
+    b.prep_beside = 0;
+  }
   const char* what = "the launch";
   const auto st = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;

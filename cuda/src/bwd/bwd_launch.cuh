@@ -17,6 +17,7 @@
 #include "bwd/bwd_prep_bf16.cuh"
 #include "bwd/bwd_state_backward_bf16.cuh"
 #include "bwd/bwd_state_forward_bf16.cuh"
+#include "bwd/bwd_state_grad_segments.cuh"
 #include "bwd/bwd_state_scans.cuh"
 #include "common/kernel_mutants.hpp"
 
@@ -159,6 +160,23 @@ cudaError_t launch_backward_arith(const BwdParams& bp, cudaStream_t stream, cons
     } else {
       if (cudaError_t e = bwd_launch(bwd_prep_kernel<E, kFast, kHD>, chunks,
                                      bwd_prep_smem(p.K, p.V), bp, stream, kBwdChunkThreads))
+        return e;
+    }
+  }
+  if constexpr (kBwdBf16Record<E, kFast, kHD>) {
+    // The segmented state-gradient chain (bp.chain_seg; saved states, sm_90a): the windows, then
+    // the segments; the state-gradient scan below then runs the heads they leave.
+    if (bp.chain_seg > 0 && p.max_chunks > 0) {
+      what = "the backward chain's windows";
+      if (cudaError_t e =
+              bwd_launch(bwd_chain_windows_kernel<E>, dim3(unsigned(p.HV), unsigned(p.N)), 0, bp,
+                         stream, kBwdChainThreads))
+        return e;
+      what = "the backward state-gradient chain";
+      const dim3 segs(unsigned(p.HV), unsigned((p.max_chunks + bp.chain_seg - 1) / bp.chain_seg),
+                      unsigned(p.N));
+      if (cudaError_t e = bwd_launch(bwd_state_grad_segments_kernel<E>, segs, bwd_chain_smem(), bp,
+                                     stream, kBwdChainThreads))
         return e;
     }
   }

@@ -66,9 +66,20 @@ enum BwdScalar : int {
   kScQscale,      // q^ = qscale q (read-out scale included)
   kScBeta,        // beta (0 past the end and for degenerate keys)
   kScG,           // inclusive cumulative log decay G_i
-  kScChunk,       // [0] = gamma_C = e^{G_{C-1}}
+  kScChunk,       // [0] = gamma_C = e^{G_{C-1}}; [kChunkBound..] the chunk's bounds, below
   kBwdScalarRows = 16
 };
+
+/// Entries of the kScChunk row past gamma_C, for the segmented state-gradient chain
+/// (bwd/bwd_state_grad_segments.cuh), bf16 prep only. The prep's two spare warps write, per warp w
+/// of its 32 tokens each: kChunkBound + w, the sum of |q^_i| |dy_i| (the norm of the outputs'
+/// rank-one gradients q^_i dy_i^T that enter the chunk's state gradient); kChunkBound + 2 + w and
+/// kChunkBound + 4 + w, the largest and smallest beta_i |k^_i|^2 (the token maps I - beta k^ k^^T
+/// are contractions where it lies in [0, 2]). The window kernel writes, in the record of each
+/// segment's first chunk, kChunkWindow: the chunk where that segment's chain starts (as an int),
+/// and in the record of chunk 0, kChunkCertified: 1 where every segment of the head has a
+/// certified window (bwd_chain_windows_kernel).
+constexpr int kChunkBound = 1, kChunkWindow = 8, kChunkCertified = 9;
 
 /// Float offsets of one backward record, and (b_*) the bf16 element offsets of its bf16 tiles.
 struct BwdRecord {
@@ -211,17 +222,71 @@ constexpr bool bwd_runs_bf16_input_grads(bool fast, bool bf16, int K, int V) {
   return fast && bf16 && K == kBwdCompiledHeadDim && V == kBwdCompiledHeadDim;
 }
 static_assert(bwd_bf16_record_fits(kBwdCompiledHeadDim, kBwdCompiledHeadDim));
+/// The segmented state-gradient chain (bwd/bwd_state_grad_segments.cuh; sm_90a, bf16 FAST, K = V
+/// = kBwdCompiledHeadDim, saved states): 256 threads (two warpgroups, each 64 value columns of dS
+/// in registers), one block a multiprocessor. Shared memory: the chunk's raw K and Q, W hi, lo
+/// [C][K], M hi, lo [C][C], the raw dY [C][V], all bf16 in 128-byte-swizzled 64-column panels; dS
+/// hi, lo [K][V], -dU hi, lo and D hi, lo [C][V] bf16; G, kscale, qscale [C] fp32.
+constexpr int kBwdChainThreads = 256;
+constexpr int64_t bwd_chain_smem() {
+  constexpr int64_t K = kBwdCompiledHeadDim, V = kBwdCompiledHeadDim, C = kChunk;
+  return 2 * (4 * C * K + 2 * C * C + C * V + 2 * K * V + 4 * C * V) + 4 * 3 * C;
+}
+static_assert(bwd_chain_smem() + kSm90SmemReservedPerBlock <= kSm90SmemPerMultiprocessor,
+              "the segmented chain's block fits a multiprocessor");
+/// The chain's segments: chunks a block owns, a power of two from kBwdChainMinSegment to
+/// kBwdChainMaxSegment, from a model of the chain's time in chunk steps of one block a
+/// multiprocessor: max(the steps of all blocks over `sms`, the longest block's), a block's steps
+/// its own chunks plus kBwdChainWarmupGuess of warm-up unless its segment ends its sequence (the
+/// window kernel finds the real windows; 8 is about what a trained model's gates need). `chunks`:
+/// each of the n sequences' chunk counts. The longest segment within kBwdChainSlackPercent of the
+/// best modelled time is taken: measured on an H200 (docs/prefill_notes.md, round 2 session 44),
+/// longer segments ran faster than the model says where it ranks them close.
+constexpr int kBwdChainMinSegment = 8, kBwdChainMaxSegment = 128, kBwdChainWarmupGuess = 8,
+              kBwdChainSlackPercent = 5;
+constexpr int64_t bwd_chain_steps(const int64_t* chunks, int64_t n, int64_t heads_v, int64_t sms,
+                                  int seg) {
+  int64_t total = 0, longest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = chunks[i], segs = (c + seg - 1) / seg;
+    total += c + (segs > 1 ? (segs - 1) * kBwdChainWarmupGuess : 0);
+    const int64_t first = c < seg ? c : seg + (segs > 1 ? kBwdChainWarmupGuess : 0);
+    longest = first > longest ? first : longest;
+  }
+  total *= heads_v;
+  const int64_t per_sm = sms > 0 ? (total + sms - 1) / sms : total;
+  return per_sm > longest ? per_sm : longest;
+}
+constexpr int bwd_chain_segment(const int64_t* chunks, int64_t n, int64_t heads_v, int64_t sms) {
+  int64_t best = -1;
+  for (int seg = kBwdChainMinSegment; seg <= kBwdChainMaxSegment; seg *= 2) {
+    const int64_t t = bwd_chain_steps(chunks, n, heads_v, sms, seg);
+    best = best < 0 || t < best ? t : best;
+  }
+  int pick = kBwdChainMinSegment;
+  for (int seg = kBwdChainMinSegment; seg <= kBwdChainMaxSegment; seg *= 2)
+    if (bwd_chain_steps(chunks, n, heads_v, sms, seg) * 100 <= best * (100 + kBwdChainSlackPercent))
+      pick = seg;
+  return pick;
+}
+namespace detail {
+constexpr int64_t kChain32768[1] = {512}, kChain8192[1] = {128};
+}
+static_assert(bwd_chain_segment(detail::kChain32768, 1, 32, 132) == 128 &&
+                  bwd_chain_segment(detail::kChain8192, 1, 32, 132) == 32,
+              "issue 25's rows (H 16, HV 32) on 132 multiprocessors: the segments measured best");
+
 /// The bf16 prep (bwd/bwd_prep_bf16.cuh): threads a block, and blocks a multiprocessor (its
 /// __launch_bounds__) without and with saved states (kla_chunk_backward_saved), which the shared
 /// memory below lets fit (kSm90SmemPerMultiprocessor).
 constexpr int kBwdPrepBf16Threads = 256, kBwdPrepBf16Blocks[2] = {2, 3};
 /// Its shared memory (bytes), K = V = kBwdCompiledHeadDim: the raw K and Q [C][K + 8] bf16 (L
-/// [C][C + 4] fp32 in Q's place), the inverse's scratch, A^-1 [C][C + 4] fp32, the scalars [10][C];
+/// [C][C + 4] fp32 in Q's place), the inverse's scratch, A^-1 [C][C + 4] fp32, the scalars [11][C];
 /// but where the forward saved S and U (`saved`), the raw V [C][K + 8] and A^-1 diag(beta vs)'s two
 /// parts [C][C + 8] bf16.
 constexpr int64_t bwd_prep_bf16_smem(bool saved) {
   constexpr int64_t K = kBwdCompiledHeadDim, C = kChunk;
-  return 2 * 2 * C * (K + 8) + 4 * (C * bwd_pitch(C) + kInvScratch + 10 * C) +
+  return 2 * 2 * C * (K + 8) + 4 * (C * bwd_pitch(C) + kInvScratch + 11 * C) +
          (saved ? 0 : 2 * (C * (K + 8) + 2 * C * (C + 8)));
 }
 static_assert(kBwdPrepBf16Blocks[0] * (bwd_prep_bf16_smem(false) + kSm90SmemReservedPerBlock) <=

@@ -33,6 +33,8 @@ struct BwdParams {
   int sms;           // the device's multiprocessors
   int prep_beside;   // 1: the saved prep runs beside the state-gradient scan (bwd_layout.hpp)
   int beside_first;  // its items every prep block takes before all but one a multiprocessor leave
+  int chain_seg;     // > 0: the state-gradient chain as segments of this many chunks
+                     // (bwd/bwd_state_grad_segments.cuh, bwd_layout.hpp bwd_chain_segment)
 };
 
 }  // namespace kla::kernels

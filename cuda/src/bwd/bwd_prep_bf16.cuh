@@ -34,6 +34,50 @@
 
 namespace kla::kernels {
 
+/// The chunk's bounds for the segmented state-gradient chain (kScChunk's kChunkBound entries,
+/// bwd/bwd_layout.hpp), by the 64 threads ti = token i of the two warps beside the inverse: |q^_i|
+/// |dy_i| (qs_i times the query's norm, sc row 10; dy_i from the record's dY slices, which this
+/// block wrote before a barrier) and beta_i |k^_i|^2 = beta_i ks_i^2 |k_i|^2, each warp's sum, max
+/// and min over its 32 tokens (rows past the sequence's end are zero and give zero). fp32 with
+/// sqrtf: the window kernel's test has a margin far larger than their rounding.
+__device__ __forceinline__ void bwd_prep_chunk_bounds(float* rec, const __nv_bfloat16* dy,
+                                                      const float* sc, int ti) {
+  using bf16 = __nv_bfloat16;
+  constexpr int C = kChunk, VS = kBwdBf16Slice, PS = kBwdBf16SlicePitch;
+  const BwdRecord R(kBwdCompiledHeadDim, kBwdCompiledHeadDim);
+  const int i = ti;
+  float d2 = 0.f;
+#pragma unroll
+  for (int s = 0; s < kBwdCompiledHeadDim / VS; ++s)
+#pragma unroll
+    for (int u = 0; u < VS / 8; ++u) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(dy + (s * C + i) * PS + 8 * u);
+      const uint32_t* e = reinterpret_cast<const uint32_t*>(&raw);
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        const float2 y = Dtype<bf16>::unpack2(e[h]);
+        d2 = fmaf(y.x, y.x, fmaf(y.y, y.y, d2));
+      }
+    }
+  const float ks = sc[i], out = sc[4 * C + i] * sqrtf(sc[10 * C + i]) * sqrtf(d2),
+              kappa = sc[5 * C + i] * (ks * ks) * sc[9 * C + i];
+  const float sum = warp_sum(out);
+  // max and min that keep a NaN (fmaxf would drop it): a NaN bound certifies nothing
+  float hi = kappa, lo = kappa;
+  for (int off = 16; off > 0; off >>= 1) {
+    const float oh = __shfl_xor_sync(0xffffffffu, hi, off),
+                ol = __shfl_xor_sync(0xffffffffu, lo, off);
+    hi = hi != hi || oh <= hi ? hi : oh;
+    lo = lo != lo || ol >= lo ? lo : ol;
+  }
+  if ((i & 31) == 0) {
+    float* cb = rec + R.sc + kScChunk * C + kChunkBound + (i >> 5);
+    cb[0] = sum;
+    cb[2] = hi;
+    cb[4] = lo;
+  }
+}
+
 /// The record of one (chunk, value head) tile pt (pt.L > 0), by the whole block
 /// (kBwdPrepBf16Threads threads, bwd_prep_bf16_smem(kSaved) bytes of dynamic shared memory). j =
 /// pt.hv % group: the key head's first value head (j = 0) also writes the raw keys and queries.
@@ -69,7 +113,7 @@ __device__ __forceinline__ void bwd_prep_bf16_tile(const BwdParams& bp, const Pr
   float* const scratch = Ls + C * PC;
   float* const Xs = scratch + kInvScratch;
   float* const sc = Xs + C * PC;
-  bf16* const Vb = reinterpret_cast<bf16*>(sc + 10 * C);
+  bf16* const Vb = reinterpret_cast<bf16*>(sc + 11 * C);
   bf16* const Uh = Vb + C * PB;
   bf16* const Ul = Uh + C * PBC;
   bf16* const Wh = reinterpret_cast<bf16*>(Ls);
@@ -93,7 +137,7 @@ __device__ __forceinline__ void bwd_prep_bf16_tile(const BwdParams& bp, const Pr
   }
   cp_wait<0>();
   __syncthreads();
-  bwd_prep_key_scalars(p, Kb, Qb, PB, K, L, sc);
+  bwd_prep_key_scalars(p, Kb, Qb, PB, K, L, sc, sc + 10 * C);
   // The warp's tile (pi0, pn0) of K K^T and of Q K^T, but for the two tiles wholly above the
   // diagonal (their L and M are zero).
   const int pi0 = (warp >> 1) * 16, pn0 = (warp & 1) * 32;
@@ -139,6 +183,8 @@ __device__ __forceinline__ void bwd_prep_bf16_tile(const BwdParams& bp, const Pr
     for (int r = ti; r < 2 * C; r += tn)
       *reinterpret_cast<uint4*>(rb + R.b_mh + r * PBC + C) = make_uint4(0u, 0u, 0u, 0u);
     if (j == 0) store_padded_rows<K>(rb + R.b_kr, Kb, C, ti, tn);
+    // the segmented chain's alone (its windows); the prep beside the scan takes none
+    if (bp.chain_seg > 0) bwd_prep_chunk_bounds(rec, rb + R.b_do, sc, ti);
 #pragma unroll
     for (int i = 0; i < kInvBarriers; ++i)
       named_bar_sync(kPrepBarPad, kBwdPrepBf16Threads - kInvThreads);

@@ -23,9 +23,11 @@ namespace kla::kernels {
 /// divisions and square roots of the scalars run on 64 threads a norm at once, not on one lane of
 /// a warp a token in turn. Called by every thread (blockDim.x a multiple of 64) after the rows are
 /// visible; the rows are visible after the caller's next barrier.
+/// qn2 (optional, [C]): the queries' squared norms too (the bf16 prep's chunk bounds).
 template <class T>
 __device__ __forceinline__ void bwd_prep_key_scalars(const KernelParams& p, const T* Ks,
-                                                     const T* Qs, int pk, int K, int L, float* sc) {
+                                                     const T* Qs, int pk, int K, int L, float* sc,
+                                                     float* qn2 = nullptr) {
   constexpr int C = kChunk, VE = 16 / int(sizeof(T)), kHalf = 16 / VE;  // vectors a half-cycle
   const int half = int(threadIdx.x) & 1;
   // 2 C rows, 16 a warp: every lane of a warp takes a row or none (the shuffle below is the
@@ -70,6 +72,7 @@ __device__ __forceinline__ void bwd_prep_key_scalars(const KernelParams& p, cons
       sc[2 * C + i] = p.l2norm == 2 ? 1.0f / sqrtf(n2 + kQkL2NormEps) : 1.0f;
       sc[9 * C + i] = n2;
     } else {
+      if (qn2) qn2[i] = n2;
       sc[3 * C + i] = p.l2norm == 2   ? 1.0f / sqrtf(n2 + kQkL2NormEps)
                       : p.l2norm == 1 ? (n2 > 0.f ? 1.0f / sqrtf(n2) : 0.f)
                                       : 1.0f;

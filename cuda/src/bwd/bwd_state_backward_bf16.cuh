@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "bwd/bwd_prep_beside_scan.cuh"
+#include "bwd/bwd_state_grad_segments.cuh"
 #include "bwd/bwd_warp_tile_bf16.cuh"
 
 namespace kla::kernels {
@@ -81,6 +82,10 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
   float* const rec0 = bwd_record(bp, blk.n, sr, 0, blk.hv);  // chunk ch's: rec0 + ch * rstep
   const int64_t rstep = bwd_record_step(bp);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int nch = int((sr.len + C - 1) / C);
+  // After the segmented chain (bp.chain_seg): only the heads it left, those without a certified
+  // window for some segment (bwd/bwd_state_grad_segments.cuh).
+  if (bp.chain_seg > 0 && nch > 0 && bwd_chain_certified(rec0)) return;
 
   // Shared memory (bwd_state_backward_bf16_smem): one copy stage in two groups (ScanCopyGroup),
   // the keys' (the raw keys [C][PB], M hi, lo [C][PBC], the raw dY slice [C][PS] bf16, G, kscale,
@@ -119,7 +124,6 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
     }
   store_tile_split(Dh, Dl, PS, i0s, 0, s);
 
-  const int nch = int((sr.len + C - 1) / C);
   // The two groups, refilled once a chunk from the last: the keys' (refill n: chunk nch - 1 - n),
   // then W's (the same). Rows past the sequence's end arrive as the prep wrote them: zero.
   const ScanCopyGroup kg{reinterpret_cast<uint64_t*>(Ul + C * PS)}, wg{kg.bar + 1};

@@ -35,6 +35,7 @@ enum class KernelMutant : int {
   saved_u_update_scaled_transposed,  // scan/wy_scan_transposed.cuh: the same, saved U^T
   bwd_scan_ready_ignored,  // bwd/bwd_state_backward_bf16.cuh: beside the prep, copies unready
                            // records
+  bwd_chain_no_warmup,     // bwd/bwd_state_grad_segments.cuh: segments start at their end, from 0
   count
 };
 
@@ -61,7 +62,8 @@ inline constexpr const char* kKernelMutantNames[] = {"none",
                                                      "split_fold_transition_skipped",
                                                      "saved_u_update_scaled",
                                                      "saved_u_update_scaled_transposed",
-                                                     "bwd_scan_ready_ignored"};
+                                                     "bwd_scan_ready_ignored",
+                                                     "bwd_chain_no_warmup"};
 static_assert(sizeof(kKernelMutantNames) / sizeof(kKernelMutantNames[0]) ==
               int(KernelMutant::count));
 

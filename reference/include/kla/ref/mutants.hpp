@@ -52,14 +52,15 @@ enum class Mutant {
   grad_chain_value_term,      ///< key_l2norm_chain: dk without the −k̂ (v̂·dv̂)/r term
   // Segment maps (segment.hpp, segment_backward.hpp).
   segment_combine_order,  ///< combine: M₁ M₂ where the later segment's M₂ must act last
-  segment_grad_fold_untransposed,    ///< fold_gradients: M_r G_r where M_rᵀ G_r belongs
-  truncation_certificate_min_decay,  ///< state_gradient_contraction: Π min α, not Π max α
+  segment_grad_fold_untransposed,     ///< fold_gradients: M_r G_r where M_rᵀ G_r belongs
+  truncation_certificate_min_decay,   ///< state_gradient_contraction: Π min α, not Π max α
+  gradient_bound_decays_own_outputs,  ///< state_gradient_bounds: γ_c (L_c + B_{c+1})
 };
 
 inline constexpr std::array<Mutant, 4> gross_mutants = {
     Mutant::gdn_coefficient, Mutant::eps_dropped, Mutant::gamma_off_by_one, Mutant::nonstrict_mask};
 
-inline constexpr std::array<Mutant, 31> all_mutants = {
+inline constexpr std::array<Mutant, 32> all_mutants = {
     Mutant::gdn_coefficient,
     Mutant::eps_dropped,
     Mutant::gamma_off_by_one,
@@ -91,6 +92,7 @@ inline constexpr std::array<Mutant, 31> all_mutants = {
     Mutant::segment_combine_order,
     Mutant::segment_grad_fold_untransposed,
     Mutant::truncation_certificate_min_decay,
+    Mutant::gradient_bound_decays_own_outputs,
 };
 
 constexpr std::string_view mutant_name(Mutant m) {
@@ -127,6 +129,7 @@ constexpr std::string_view mutant_name(Mutant m) {
     case Mutant::segment_combine_order: return "segment_combine_order";
     case Mutant::segment_grad_fold_untransposed: return "segment_grad_fold_untransposed";
     case Mutant::truncation_certificate_min_decay: return "truncation_certificate_min_decay";
+    case Mutant::gradient_bound_decays_own_outputs: return "gradient_bound_decays_own_outputs";
   }
   return "?";
 }

@@ -65,6 +65,41 @@ std::optional<T> state_gradient_contraction(const HeadInputs<T>& in, const Optio
   return c;
 }
 
+/// Bounds on the state gradient entering each chunk of C tokens, the segmented chain's windows
+/// (cuda/src/bwd/bwd_state_grad_segments.cuh): with dS_c the gradient of the state before chunk c's
+/// first token (the backward of tokens cC .. T−1 from dO and dS_T),
+///   ‖dS_c‖_F ≤ B_c = L_c + γ_c B_{c+1},   B_n = ‖dS_T‖_F (n chunks, the last one ragged),
+/// γ_c = Π over the chunk's tokens of max_i α_{t,i}, L_c = Σ over its tokens of out_t, where out_t
+/// ≥ ‖s(q_t) q_t‖ ‖do_t‖ is the caller's (sqrt: a rational upper bound, or the rounded product):
+/// each output's rank-one gradient s q doᵀ reaches the chunk's start through token maps Φ_tᵀ that
+/// are contractions (state_gradient_contraction), and what enters at the chunk's end is carried by
+/// γ_c. Valid from chunk c down only where every token from cC on has β‖k‖² ∈ [0, 2]; std::nullopt
+/// for the chunks below the last token that has not. `dst_norm` ≥ ‖dS_T‖_F likewise the caller's.
+/// Numerical contract: exact over Rational given its inputs (sums and products).
+template <class T>
+std::vector<std::optional<T>> state_gradient_bounds(const HeadInputs<T>& in, const Options<T>& opt,
+                                                    const std::vector<T>& out, const T& dst_norm,
+                                                    Eigen::Index C) {
+  const Eigen::Index n_tok = in.length();
+  if (C < 1 || Eigen::Index(out.size()) != n_tok)
+    throw std::invalid_argument("state_gradient_bounds: C >= 1 and one out_t a token");
+  const Eigen::Index n = (n_tok + C - 1) / C;
+  std::vector<std::optional<T>> B(size_t(n + 1));
+  B[size_t(n)] = dst_norm;
+  for (Eigen::Index c = n - 1; c >= 0; --c) {
+    if (!B[size_t(c + 1)]) break;
+    const Eigen::Index t0 = c * C, t1 = std::min(n_tok, t0 + C);
+    const std::optional<T> gamma = state_gradient_contraction(in, opt, t0, t1);
+    if (!gamma) break;
+    T L(0);
+    for (Eigen::Index t = t0; t < t1; ++t) L = T(L + out[size_t(t)]);
+    B[size_t(c)] = active_mutant() == Mutant::gradient_bound_decays_own_outputs
+                       ? T(*gamma * (L + *B[size_t(c + 1)]))  // planted: γ on the chunk's own too
+                       : T(L + *gamma * *B[size_t(c + 1)]);
+  }
+  return B;
+}
+
 /// The reverse fold (see above): from every segment's map, the gradient `local` of its incoming
 /// state from its own outputs, and dS_T (zero if empty), the gradient of every segment's outgoing
 /// state and of the initial state: (G_0 .. G_last, dS_0).
