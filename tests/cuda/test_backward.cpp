@@ -807,11 +807,11 @@ std::vector<Case> cases_for(kla_dtype dt, kla_arithmetic arith) {
 }
 
 /// Long sequences at K = V = 128 for the saved backward alone, whose state-gradient chain runs as
-/// segments of 8 chunks or more where the device allows (bwd/bwd_state_grad_segments.cuh; these
-/// sizes get 8 on any GPU of 16 multiprocessors or more): mild decay, where every segment's
-/// warm-up window is certified (a few chunks into the next segment); and packed sequences whose
-/// odd value heads have no decay (no window: those heads run whole in the state-gradient scan, the
-/// even ones as segments).
+/// segments where the device allows (bwd/bwd_state_grad_segments.cuh; bwd_chain_segment gives
+/// these sizes segments of 8 chunks on any GPU of 16 multiprocessors or more): mild decay, where
+/// every segment's warm-up window is certified (a few chunks into the next segment); and packed
+/// sequences whose odd value heads have no decay (no window within two segments: those heads run
+/// whole in the state-gradient scan, the even ones as segments).
 std::vector<Case> long_saved_cases() {
   std::vector<Case> cs;
   const std::uint64_t seed = base_seed() + 7700;
@@ -822,11 +822,11 @@ std::vector<Case> long_saved_cases() {
     c.readout = KLA_READOUT_QK_L2NORM;
     cs.push_back(k);
   }
-  {  // 10 + 10 chunks packed around a one-token sequence, given beta with the qk l2-norm
+  {  // 20 + 20 chunks packed around a one-token sequence, given beta with the qk l2-norm
     Case k{"long_varlen_k128_mixed_decay", {}, Decay::mixed, true, true, KLA_ARITHMETIC_FAST};
     Config& c = k.cfg;
-    c.B = 1, c.T = 1240, c.H = 1, c.HV = 2, c.K = 128, c.V = 128;
-    c.cu_seqlens = {0, 620, 621, 1240};
+    c.B = 1, c.T = 2520, c.H = 1, c.HV = 2, c.K = 128, c.V = 128;
+    c.cu_seqlens = {0, 1260, 1261, 2520};
     c.coefficient = KLA_COEFF_GIVEN;
     c.readout = KLA_READOUT_QK_L2NORM;
     cs.push_back(k);

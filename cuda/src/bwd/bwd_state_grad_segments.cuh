@@ -149,14 +149,29 @@ constexpr int kK = 0, kQ = 16 * KB, kWh = 32 * KB, kWl = 48 * KB, kMh = 64 * KB,
               kDh = 192 * KB, kDl = 208 * KB, kScal = 224 * KB;
 static_assert(kScal + 3 * C * 4 == bwd_chain_smem(), "bwd_layout.hpp's size");
 
+/// D (64 x 64) += A (64 x 16) B (16 x 64), bf16 from shared memory: A M-major (TA) or K-major, B
+/// MN-major (TB) or K-major.
+template <int TA, int TB>
+__device__ __forceinline__ void mma_n64(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"
+      "%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, %34, %35;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "n"(TA), "n"(TB));
+}
+
 /// KS k-steps of 16 rows (M-major A, MN-major B: k along the tiles' rows, 2048 B a step).
 template <int KS>
 __device__ __forceinline__ void mma_rows(float (&d)[32], const char* a, const char* b) {
   const uint64_t ad = wgmma_desc_sw128(a, 8192), bd = wgmma_desc_sw128(b, 8192);
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks)
-    wgmma_ss_bf16_n64<1, 1>(d, wgmma_desc_advance(ad, ks * 2048),
-                            wgmma_desc_advance(bd, ks * 2048));
+    mma_n64<1, 1>(d, wgmma_desc_advance(ad, ks * 2048), wgmma_desc_advance(bd, ks * 2048));
 }
 
 /// Byte offset of element (row, col) of a bf16 tile of `rows` rows in 64-column swizzled panels.
@@ -246,21 +261,19 @@ __global__ void __launch_bounds__(kBwdChainThreads, 1)
     cp_commit();
   };
 
-  // dS: rows 64 mt + 16 w4 + g + 8 h (keys), columns 64 wg + 8 j + 2 t + e (values); s[mt][4 j +
-  // x] is element state_at(mt, j, x) of the head's [K][V] fp32 state gradient (dS_T, dS_0).
+  // dS: rows 64 mt + 16 w4 + g + 8 h (keys), columns 64 wg + 8 j + 2 t + e (values).
   float s[2][32];
-  const int64_t head_at = (int64_t(n) * p.HV + hv) * K * V;
-  auto state_at = [&](int mt, int j, int x) {
-    return head_at + int64_t(64 * mt + 16 * w4 + g + 8 * (x >> 1)) * V + 64 * wg + 8 * j + 2 * t +
-           (x & 1);
-  };
+  const int64_t head = int64_t(n) * p.HV + hv, KV = int64_t(K) * V;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int x = 0; x < 4; ++x)
-        s[mt][4 * j + x] = e == nch && bp.dht ? bp.dht[state_at(mt, j, x)] : 0.f;
+      for (int x = 0; x < 4; ++x) {
+        const int row = 64 * mt + 16 * w4 + g + 8 * (x >> 1),
+                  col = 64 * wg + 8 * j + 2 * t + (x & 1);
+        s[mt][4 * j + x] = e == nch && bp.dht ? bp.dht[head * KV + int64_t(row) * V + col] : 0.f;
+      }
   // dS split into its two bf16 parts, the B operand of K dS ([K][V] panels of 128 rows).
   auto store_ds = [&]() {
 #pragma unroll
@@ -303,8 +316,8 @@ __global__ void __launch_bounds__(kBwdChainThreads, 1)
         const uint64_t bd = wgmma_desc_sw128(smem + (part ? kDSl : kDSh) + wg * 16 * KB, 8192);
 #pragma unroll
         for (int ks = 0; ks < K / 16; ++ks)
-          wgmma_ss_bf16_n64<0, 1>(ua, wgmma_desc_advance(ad, (ks >> 2) * 8192 + (ks & 3) * 32),
-                                  wgmma_desc_advance(bd, ks * 2048));
+          mma_n64<0, 1>(ua, wgmma_desc_advance(ad, (ks >> 2) * 8192 + (ks & 3) * 32),
+                        wgmma_desc_advance(bd, ks * 2048));
       }
     }
     wgmma_commit();
@@ -398,7 +411,11 @@ __global__ void __launch_bounds__(kBwdChainThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) bp.dh0[state_at(mt, j, x)] = s[mt][4 * j + x];
+        for (int x = 0; x < 4; ++x) {
+          const int row = 64 * mt + 16 * w4 + g + 8 * (x >> 1),
+                    col = 64 * wg + 8 * j + 2 * t + (x & 1);
+          bp.dh0[head * KV + int64_t(row) * V + col] = s[mt][4 * j + x];
+        }
 #else
   __trap();  // launched only where the device runs the sm_90a image (bwd_launch.cuh)
 #endif
