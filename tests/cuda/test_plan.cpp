@@ -1555,6 +1555,48 @@ TEST(PlanBackward, SavedPrepBesideScanWhereTheScanIsOneWave) {
             16384 * kla::layout::kBwdBesideFirstPermille / 1000);
 }
 
+// The segmented state-gradient chain's segment length (bwd_chain_segment): the longest power of
+// two from 8 to 128 whose modelled chunk steps (bwd_chain_steps) are within 5% of the fewest. On
+// 132 multiprocessors issue 25's rows take 128 (1 x 32768; the 8-sequence row, whose lengths are
+// bench_backward.random_lengths(32768, 8, 1)) and 32 (1 x 8192): the lengths measured fastest on
+// an H200 (docs/prefill_notes.md, round 2 session 44). The saved test's long cases
+// (test_backward.cpp long_saved_cases) take 8, so that they run as several segments. The model's
+// values by hand: at 1 x 8192, 32 gives max(ceil((128 + 3 x 8) 32 / 132), 32 + 8) = 40 steps, 16
+// gives 45, 64 gives 72.
+TEST(PlanBackward, ChainSegmentIsTheLongestNearTheModelsBest) {
+  using kla::layout::bwd_chain_segment;
+  using kla::layout::bwd_chain_steps;
+  const int64_t one32768[] = {512}, one8192[] = {128}, eight[] = {9, 34, 254, 15, 102, 95, 5, 3};
+  const int64_t long_mild[] = {21}, long_mixed[] = {20, 1, 20};
+  EXPECT_EQ(bwd_chain_segment(one32768, 1, 32, 132), 128);
+  EXPECT_EQ(bwd_chain_segment(eight, 8, 32, 132), 128);
+  EXPECT_EQ(bwd_chain_segment(one8192, 1, 32, 132), 32);
+  EXPECT_EQ(bwd_chain_steps(one8192, 1, 32, 132, 32), 40);
+  EXPECT_EQ(bwd_chain_steps(one8192, 1, 32, 132, 16), 45);
+  EXPECT_EQ(bwd_chain_steps(one8192, 1, 32, 132, 64), 72);
+  for (int64_t sms : {16, 78, 114, 132}) {
+    EXPECT_EQ(bwd_chain_segment(long_mild, 1, 2, sms), 8) << sms;
+    EXPECT_EQ(bwd_chain_segment(long_mixed, 3, 2, sms), 8) << sms;
+  }
+  std::mt19937_64 rng(20261207);
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t n = 1 + int64_t(rng() % 8), hv = 1 + int64_t(rng() % 64),
+                  sms = 1 + int64_t(rng() % 200);
+    std::vector<int64_t> chunks(static_cast<std::size_t>(n));
+    for (auto& c : chunks) c = int64_t(rng() % 600);
+    const int seg = bwd_chain_segment(chunks.data(), n, hv, sms);
+    ASSERT_TRUE(seg == 8 || seg == 16 || seg == 32 || seg == 64 || seg == 128) << seg;
+    int64_t best = -1;
+    for (int s = 8; s <= 128; s *= 2) {
+      const int64_t t = bwd_chain_steps(chunks.data(), n, hv, sms, s);
+      best = best < 0 || t < best ? t : best;
+    }
+    EXPECT_LE(bwd_chain_steps(chunks.data(), n, hv, sms, seg) * 100, best * 105);
+    for (int s = 2 * seg; s <= 128; s *= 2)
+      EXPECT_GT(bwd_chain_steps(chunks.data(), n, hv, sms, s) * 100, best * 105) << s;
+  }
+}
+
 // The prep beside the scan takes its items in the order the scan reads the records
 // (bwd_beside_item): every (step, sequence, value head) once, steps never decreasing, and within a
 // step the sequences and value heads in order, so that the records each scan block needs next are
