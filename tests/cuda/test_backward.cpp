@@ -1325,9 +1325,9 @@ TEST(CudaBackward, GraphReplayMatchesDirectCall) {
 /// The saved backward (kla_chunk_backward_saved) where its prep runs beside the state-gradient
 /// scan (bwd_saved_prep_beside_scan: one wave of scan blocks, here 2 sequences x 16 value heads x
 /// 4 slices = 128, on a device of at least that many multiprocessors; on an sm_90 device running
-/// the sm_90a image the segmented chain runs instead, bwd/bwd_state_grad_segments.cuh, its windows,
-/// its segments of 8 chunks and the scan's leaving blocks then the calls captured), captured in a
-/// CUDA graph on
+/// the sm_90a image the segmented chain runs instead, bwd/bwd_state_grad_segments.cuh: its windows
+/// kernel, its segments (here one a sequence) and the scan's leaving blocks are then the calls
+/// captured), captured in a CUDA graph on
 /// a non-blocking stream and replayed, equals the direct call bit for bit, replay after replay,
 /// with the workspace and the outputs poisoned (NaN) before each: the records' ready flags and the
 /// schedule's counters are zeroed inside the graph (memset nodes), the scan waits for every record
