@@ -19,7 +19,8 @@
 // err about 2^-16 of it, bwd_state_backward_bf16.cuh), or e = N, the sequence's end, where the
 // chain starts from dS_T exactly. A head where some segment has no such window within
 // kBwdChainMaxWarmup segments' chunks (weak or no decay; a beta |k^|^2 outside [0, 2]) is left
-// whole to bwd_state_backward_bf16_kernel, launched after this pass for those heads alone.
+// whole to bwd_state_backward_bf16_kernel, launched after this pass: its blocks of certified heads
+// leave at once.
 //
 // bwd_state_grad_segments_kernel, a block of two warpgroups per (value head, segment, sequence),
 // one block a multiprocessor: warpgroup w holds dS[:, 64 w ..] (128 keys x 64 value columns) in
