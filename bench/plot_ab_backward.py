@@ -94,8 +94,8 @@ def main():
     variants = list(data)
     rows = [r for r in ROWS if any(r in data[v] for v in variants)]
     plt = pyplot()
-    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 1.2 + 0.55 * len(variants) * len(rows)),
-                             squeeze=False)
+    height = 1.6 + 0.55 * len(variants) * len(rows)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(10, height), squeeze=False)
     colours = {name: c for name, _, c in STAGES}
     colours[OTHER[0]] = OTHER[1]
     order = [name for name, _, _ in STAGES] + [OTHER[0]]
@@ -144,10 +144,9 @@ def main():
                 handles.append(h)
                 labels.append(lab)
     fig.legend(handles, labels, fontsize=7, ncol=5, loc="lower center")
-    fig.subplots_adjust(bottom=0.2)
     title = args.title or ", ".join(devices)
     axes[0, 0].set_title(wrap(title, 140), fontsize=8)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.55 / height, 1, 1))  # the legend's two rows below
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
     return 0
