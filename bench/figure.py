@@ -25,7 +25,9 @@ def wrap(title, width):
     return "\n".join(textwrap.wrap(title, width))
 
 
-def save(fig, out):
-    fig.tight_layout()
+def save(fig, out, rect=None):
+    """tight_layout (inside rect, figure fractions (left, bottom, right, top), where given: room
+    for a legend outside the axes), then the PNG."""
+    fig.tight_layout(**({"rect": rect} if rect else {}))
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from backward_targets import ISSUE25  # noqa: E402
-from figure import plot_arguments, pyplot, wrap  # noqa: E402
+from figure import plot_arguments, pyplot, save, wrap  # noqa: E402
 
 # ab_backward.py's rows -> backward_targets.ISSUE25's case names
 ROWS = {"1x32768": "1x32768", "8 seqs": "8 seqs, 32768 total", "1x8192": "1x8192"}
@@ -146,9 +146,7 @@ def main():
     fig.legend(handles, labels, fontsize=7, ncol=5, loc="lower center")
     title = args.title or ", ".join(devices)
     axes[0, 0].set_title(wrap(title, 140), fontsize=8)
-    fig.tight_layout(rect=(0, 0.55 / height, 1, 1))  # the legend's two rows below
-    fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out}")
+    save(fig, args.out, rect=(0, 0.55 / height, 1, 1))  # the legend's two rows below
     return 0
 
 
