@@ -1,6 +1,7 @@
 // sm_90a warpgroup MMA (wgmma) for the WY scan (scan/wy_scan.cuh, scan/wy_scan_transposed.cuh,
-// prep/wy_prep.cuh): bf16 or fp16 operands read by the tensor cores straight from shared memory
-// (128-byte-swizzled tiles, once per warpgroup: no per-warp ldmatrix copies), fp32 accumulation.
+// prep/wy_prep.cuh) and the backward's segmented chain (bwd/bwd_state_grad_segments.cuh): bf16 or
+// fp16 operands read by the tensor cores straight from shared memory (128-byte-swizzled tiles, once
+// per warpgroup: no per-warp ldmatrix copies), fp32 accumulation.
 //
 // Layouts (PTX ISA, wgmma shared-memory matrix layouts, 128-byte swizzle; the same swizzle as
 // the TMA boxes, kmajor_sw128_offset in layout/chunk_geometry.hpp): 1024-byte atoms of 8 rows x 128
@@ -105,6 +106,23 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b)
 }
 #undef KLA_WGMMA_SS
 #undef KLA_WGMMA_SS_ASM
+
+/// D (64 x 64) += A (64 x 16) B (16 x 64), bf16, both read from shared memory: A M-major (TA) or
+/// K-major, B MN-major (TB: the transpose of a K-major tile, rows = k, 8-row groups 1024 B apart)
+/// or K-major (wgmma_ss fixes B K-major).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_ss_bf16_n64(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"
+      "%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, %34, %35;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "n"(TA), "n"(TB));
+}
 
 /// At most N of this warpgroup's committed wgmma groups still pending (groups complete in order).
 template <int N>

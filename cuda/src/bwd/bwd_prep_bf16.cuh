@@ -183,8 +183,8 @@ __device__ __forceinline__ void bwd_prep_bf16_tile(const BwdParams& bp, const Pr
     for (int r = ti; r < 2 * C; r += tn)
       *reinterpret_cast<uint4*>(rb + R.b_mh + r * PBC + C) = make_uint4(0u, 0u, 0u, 0u);
     if (j == 0) store_padded_rows<K>(rb + R.b_kr, Kb, C, ti, tn);
-    // for the segmented chain's windows (unused where the prep runs beside the scan)
-    bwd_prep_chunk_bounds(rec, rb + R.b_do, sc, ti);
+    // the segmented chain's alone (its windows); the prep beside the scan takes none
+    if (bp.chain_seg > 0) bwd_prep_chunk_bounds(rec, rb + R.b_do, sc, ti);
 #pragma unroll
     for (int i = 0; i < kInvBarriers; ++i)
       named_bar_sync(kPrepBarPad, kBwdPrepBf16Threads - kInvThreads);

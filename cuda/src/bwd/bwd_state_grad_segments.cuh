@@ -54,10 +54,40 @@ static_assert(kChainRing > kBwdChainMaxWarmup * kBwdChainMaxSegment &&
                   (kChainRing & (kChainRing - 1)) == 0,
               "the ring holds a window, indexed by a mask");
 
+/// The suffix maps of a tile of chunks, by the block (kBwdChainThreads threads, thread k holding
+/// chunk top - 1 - k): B(c) = L_c + gamma_c B(c + 1) composed from the tile's top down, so that
+/// B(top - 1 - k) = b + a B(top). Returns (a, b) of the thread's chunk: an inclusive scan of the
+/// affine maps (gamma, L), (a1, b1) then (a2, b2) -> (a2 a1, b2 + a2 b1), over the lanes by
+/// shuffles and over the warps through `wa`, `wb` ([kBwdChainThreads / 32] each). fp32; the order
+/// differs from a serial walk's by rounding only (the window test's margin is far larger).
+__device__ __forceinline__ float2 bwd_chain_suffix_maps(float gamma, float ell, float* wa,
+                                                        float* wb) {
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  float a = gamma, b = ell;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float pa = __shfl_up_sync(0xffffffffu, a, off), pb = __shfl_up_sync(0xffffffffu, b, off);
+    if (lane >= off) {
+      b = fmaf(a, pb, b);
+      a *= pa;
+    }
+  }
+  if (lane == 31) wa[warp] = a, wb[warp] = b;
+  __syncthreads();
+  // the warps above this one (lower k), composed in order
+  float ca = 1.f, cb = 0.f;
+  for (int w = 0; w < warp; ++w) {
+    cb = fmaf(wa[w], cb, wb[w]);
+    ca *= wa[w];
+  }
+  __syncthreads();  // wa, wb read: the next tile may write them
+  return make_float2(a * ca, fmaf(a, cb, b));
+}
+
 template <class E>
 __global__ void __launch_bounds__(kBwdChainThreads) bwd_chain_windows_kernel(const BwdParams bp) {
   constexpr int C = kChunk, KV = kBwdCompiledHeadDim * kBwdCompiledHeadDim,
-                kBatch = kBwdChainThreads;
+                kTile = kBwdChainThreads;
   const KernelParams& p = bp.f;
   const int hv = int(blockIdx.x), n = int(blockIdx.y), tid = int(threadIdx.x);
   const SeqRange sr = seq_range(p, n);
@@ -68,9 +98,10 @@ __global__ void __launch_bounds__(kBwdChainThreads) bwd_chain_windows_kernel(con
   float* const rec0 = bwd_record(bp, n, sr, 0, hv);
   const int64_t rstep = bwd_record_step(bp);
   auto chunk_row = [&](int c) { return rec0 + c * rstep + R.sc + kScChunk * C; };
-  __shared__ float part[kBwdChainThreads / 32];
-  __shared__ float bg[kBatch], bl[kBatch], bok[kBatch];  // a batch of chunks' gamma, L, bounds ok
+  __shared__ float wa[kBwdChainThreads / 32], wb[kBwdChainThreads / 32];
   __shared__ float ring_b[kChainRing], ring_g[kChainRing];  // B(c), gamma_c of the chunks above
+  __shared__ float b_top;                                   // B(top): the tile's above it
+  __shared__ int bad_hi;  // the highest chunk whose bounds fail (B is infinite at and below it)
   // |dS_T|_F: each thread's squares in index order, the warps' sums, then theirs in order.
   float s2 = 0.f;
   if (bp.dht) {
@@ -78,40 +109,43 @@ __global__ void __launch_bounds__(kBwdChainThreads) bwd_chain_windows_kernel(con
     for (int i = tid; i < KV; i += kBwdChainThreads) s2 = fmaf(d[i], d[i], s2);
   }
   s2 = warp_sum(s2);
-  if ((tid & 31) == 0) part[tid >> 5] = s2;
+  if ((tid & 31) == 0) wa[tid >> 5] = s2;
   __syncthreads();
-  float b = 0.f;  // B(c + 1), thread 0's
   if (tid == 0) {
-    for (int w = 0; w < kBwdChainThreads / 32; ++w) b += part[w];
-    b = sqrtf(b);
+    float b = 0.f;
+    for (int w = 0; w < kBwdChainThreads / 32; ++w) b += wa[w];
+    b_top = sqrtf(b);
+    bad_hi = -1;
   }
-  bool suffix_ok = true, certified = true;  // thread 0's
-  for (int top = nch; top > 0; top -= kBatch) {
+  __syncthreads();        // b_top, bad_hi set; wa read
+  bool certified = true;  // this thread's boundaries'
+  for (int top = nch; top > 0; top -= kTile) {
     const int c = top - 1 - tid;
-    __syncthreads();  // the batch before consumed
+    float gamma = 1.f, ell = 0.f;  // past the sequence's start: the identity map
     if (c >= 0) {
       const float* cb = chunk_row(c);
-      bg[tid] = cb[0];
-      bl[tid] = cb[kChunkBound] + cb[kChunkBound + 1];
+      gamma = cb[0];
+      ell = cb[kChunkBound] + cb[kChunkBound + 1];
       // a NaN fails every comparison: not ok
-      bok[tid] = cb[kChunkBound + 4] >= 0.f && cb[kChunkBound + 5] >= 0.f &&
-                         cb[kChunkBound + 2] <= 2.f && cb[kChunkBound + 3] <= 2.f
-                     ? 1.f
-                     : 0.f;
+      const bool ok = cb[kChunkBound + 4] >= 0.f && cb[kChunkBound + 5] >= 0.f &&
+                      cb[kChunkBound + 2] <= 2.f && cb[kChunkBound + 3] <= 2.f;
+      if (!ok) atomicMax(&bad_hi, c);
     }
-    __syncthreads();
-    if (tid != 0) continue;
-    for (int k = 0; k < kBatch && top - 1 - k >= 0; ++k) {
-      const int cc = top - 1 - k;
-      suffix_ok = suffix_ok && bok[k] != 0.f;
-      b = suffix_ok ? fmaf(bg[k], b, bl[k]) : INFINITY;  // B(cc)
-      ring_b[cc & (kChainRing - 1)] = b;
-      ring_g[cc & (kChainRing - 1)] = bg[k];
-      if ((cc & (seg - 1)) != 0 || cc == 0) continue;
-      // cc = b1 of the segment before: the shortest window, or none
+    const float2 m = bwd_chain_suffix_maps(gamma, ell, wa, wb);  // its barriers order bad_hi
+    const float bt = b_top;
+    const bool suffix_ok = c > bad_hi;
+    const float b = suffix_ok ? fmaf(m.x, bt, m.y) : INFINITY;  // B(c)
+    if (c >= 0) {
+      ring_b[c & (kChainRing - 1)] = b;
+      ring_g[c & (kChainRing - 1)] = gamma;
+    }
+    __syncthreads();                            // the tile's ring entries; b_top read
+    if (tid == kTile - 1 && c >= 0) b_top = b;  // B(top - kTile): the next tile's B(top)
+    if (c > 0 && (c & (seg - 1)) == 0) {
+      // c = b1 of the segment before: the shortest window, or none
       int e = -1;
       float decay = 1.f;  // c over chunks b1 .. ee - 1
-      for (int ee = cc + 1; ee <= min(cc + wmax, nch); ++ee) {
+      for (int ee = c + 1; ee <= min(c + wmax, nch); ++ee) {
         decay *= ring_g[(ee - 1) & (kChainRing - 1)];
         if (ee == nch ||
             (suffix_ok && decay * ring_b[ee & (kChainRing - 1)] <= kChainDropBound * b)) {
@@ -119,10 +153,12 @@ __global__ void __launch_bounds__(kBwdChainThreads) bwd_chain_windows_kernel(con
           break;
         }
       }
-      chunk_row(cc - seg)[kChunkWindow] = __int_as_float(e);
+      chunk_row(c - seg)[kChunkWindow] = __int_as_float(e);
       certified = certified && e > 0;
     }
+    __syncthreads();  // the windows' reads of the ring done; b_top written
   }
+  certified = __syncthreads_and(certified) != 0;
   if (tid == 0) {
     chunk_row(((nch - 1) / seg) * seg)[kChunkWindow] = __int_as_float(nch);  // the last segment
     chunk_row(0)[kChunkCertified] = certified ? 1.f : 0.f;
@@ -150,29 +186,14 @@ constexpr int kK = 0, kQ = 16 * KB, kWh = 32 * KB, kWl = 48 * KB, kMh = 64 * KB,
               kDh = 192 * KB, kDl = 208 * KB, kScal = 224 * KB;
 static_assert(kScal + 3 * C * 4 == bwd_chain_smem(), "bwd_layout.hpp's size");
 
-/// D (64 x 64) += A (64 x 16) B (16 x 64), bf16 from shared memory: A M-major (TA) or K-major, B
-/// MN-major (TB) or K-major.
-template <int TA, int TB>
-__device__ __forceinline__ void mma_n64(float (&d)[32], uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"
-      "%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, %34, %35;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "n"(TA), "n"(TB));
-}
-
 /// KS k-steps of 16 rows (M-major A, MN-major B: k along the tiles' rows, 2048 B a step).
 template <int KS>
 __device__ __forceinline__ void mma_rows(float (&d)[32], const char* a, const char* b) {
   const uint64_t ad = wgmma_desc_sw128(a, 8192), bd = wgmma_desc_sw128(b, 8192);
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks)
-    mma_n64<1, 1>(d, wgmma_desc_advance(ad, ks * 2048), wgmma_desc_advance(bd, ks * 2048));
+    wgmma_ss_bf16_n64<1, 1>(d, wgmma_desc_advance(ad, ks * 2048),
+                            wgmma_desc_advance(bd, ks * 2048));
 }
 
 /// Byte offset of element (row, col) of a bf16 tile of `rows` rows in 64-column swizzled panels.
@@ -262,19 +283,21 @@ __global__ void __launch_bounds__(kBwdChainThreads, 1)
     cp_commit();
   };
 
-  // dS: rows 64 mt + 16 w4 + g + 8 h (keys), columns 64 wg + 8 j + 2 t + e (values).
+  // dS: rows 64 mt + 16 w4 + g + 8 h (keys), columns 64 wg + 8 j + 2 t + e (values); s[mt][4 j +
+  // x] is element state_at(mt, j, x) of the head's [K][V] fp32 state gradient (dS_T, dS_0).
   float s[2][32];
-  const int64_t head = int64_t(n) * p.HV + hv, KV = int64_t(K) * V;
+  const int64_t head_at = (int64_t(n) * p.HV + hv) * K * V;
+  auto state_at = [&](int mt, int j, int x) {
+    return head_at + int64_t(64 * mt + 16 * w4 + g + 8 * (x >> 1)) * V + 64 * wg + 8 * j + 2 * t +
+           (x & 1);
+  };
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int row = 64 * mt + 16 * w4 + g + 8 * (x >> 1),
-                  col = 64 * wg + 8 * j + 2 * t + (x & 1);
-        s[mt][4 * j + x] = e == nch && bp.dht ? bp.dht[head * KV + int64_t(row) * V + col] : 0.f;
-      }
+      for (int x = 0; x < 4; ++x)
+        s[mt][4 * j + x] = e == nch && bp.dht ? bp.dht[state_at(mt, j, x)] : 0.f;
   // dS split into its two bf16 parts, the B operand of K dS ([K][V] panels of 128 rows).
   auto store_ds = [&]() {
 #pragma unroll
@@ -317,8 +340,8 @@ __global__ void __launch_bounds__(kBwdChainThreads, 1)
         const uint64_t bd = wgmma_desc_sw128(smem + (part ? kDSl : kDSh) + wg * 16 * KB, 8192);
 #pragma unroll
         for (int ks = 0; ks < K / 16; ++ks)
-          mma_n64<0, 1>(ua, wgmma_desc_advance(ad, (ks >> 2) * 8192 + (ks & 3) * 32),
-                        wgmma_desc_advance(bd, ks * 2048));
+          wgmma_ss_bf16_n64<0, 1>(ua, wgmma_desc_advance(ad, (ks >> 2) * 8192 + (ks & 3) * 32),
+                                  wgmma_desc_advance(bd, ks * 2048));
       }
     }
     wgmma_commit();
@@ -412,11 +435,7 @@ __global__ void __launch_bounds__(kBwdChainThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int row = 64 * mt + 16 * w4 + g + 8 * (x >> 1),
-                    col = 64 * wg + 8 * j + 2 * t + (x & 1);
-          bp.dh0[head * KV + int64_t(row) * V + col] = s[mt][4 * j + x];
-        }
+        for (int x = 0; x < 4; ++x) bp.dh0[state_at(mt, j, x)] = s[mt][4 * j + x];
 #else
   __trap();  // launched only where the device runs the sm_90a image (bwd_launch.cuh)
 #endif
