@@ -286,10 +286,10 @@ __global__ void __launch_bounds__(kBwdChainThreads, 1)
   // dS: rows 64 mt + 16 w4 + g + 8 h (keys), columns 64 wg + 8 j + 2 t + e (values); s[mt][4 j +
   // x] is element state_at(mt, j, x) of the head's [K][V] fp32 state gradient (dS_T, dS_0).
   float s[2][32];
-  const int64_t head_at = (int64_t(n) * p.HV + hv) * K * V;
-  auto state_at = [&](int mt, int j, int x) {
-    return head_at + int64_t(64 * mt + 16 * w4 + g + 8 * (x >> 1)) * V + 64 * wg + 8 * j + 2 * t +
-           (x & 1);
+  const int64_t head = int64_t(n) * p.HV + hv, KV = int64_t(K) * V;
+  auto state_at = [&](int mt, int j, int x) {  // the column summed in int: one 64-bit add
+    const int row = 64 * mt + 16 * w4 + g + 8 * (x >> 1), col = 64 * wg + 8 * j + 2 * t + (x & 1);
+    return head * KV + int64_t(row) * V + col;
   };
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
