@@ -305,30 +305,46 @@ def render_backward(w, bwd, docs, note):
         w("Drawn by `bench/plot_backward.py` from the runs in docs/performance/ (its title "
           "names them and what each shade is).")
         w("")
-    fast = any("kla_fast_bwd_ms" in r for r in bwd.get("speed", []))
+    speed = bwd.get("speed", [])
+    fast = any("kla_fast_bwd_ms" in r for r in speed)
+    saved = any("kla_fast_saved_bwd_ms" in r for r in speed)
     if fast:
         w("kla FAST: the same call with `arithmetic=\"fast\"` (here bf16 at K = V = 128: the "
           "prep and both state scans on bf16 tensor cores with the raw inputs exact and the "
           "scaled operands split in two parts, the input gradients on one-part bf16 operands; "
           "docs/accuracy.md, 'Backward', has its errors beside FLA's).")
         w("")
-    w("| case | kla bwd ms |" + (" kla FAST bwd ms |" if fast else "") + " FLA bwd ms | "
-      "kla fwd+bwd ms |" + (" kla FAST fwd+bwd ms |" if fast else "") + " FLA fwd+bwd ms | "
-      "FlashQLA bwd (published, H200) | goal | kla workspace GiB | kla peak GiB | "
-      "FLA peak GiB |")
-    w("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fast else ""))
-    for r in bwd.get("speed", []):
+    if saved:
+        w("kla FAST saved: kla FAST with `save_states=True`, the case FlashQLA's figures are "
+          "(the backward given what the forward saved): the forward also writes each chunk's "
+          "incoming state and U in bf16 (saved GiB, `kla_saved_states_size`) and the backward "
+          "reads them instead of running its state scan (`kla_chunk_backward_saved`).")
+        w("")
+    # (heading, key) of the libraries' columns, kla's variants where the run has them
+    libs = [("kla", "kla_")] + ([("kla FAST", "kla_fast_")] if fast else []) + (
+        [("kla FAST saved", "kla_fast_saved_")] if saved else []) + [("FLA", "fla_")]
+
+    def targets(r):
         pub, goal = ISSUE25.get(r["case"], (None, None))
-        pub, goal = (f"{pub:.3f}", f"≤ {goal:g}") if pub else ("–", "–")
-        fb = f" {f(r.get('kla_fast_bwd_ms'), '.3f')} |" if fast else ""
-        ffb = f" {f(r.get('kla_fast_fwd_bwd_ms'), '.3f')} |" if fast else ""
-        w(f"| {r['case']} | {f(r.get('kla_bwd_ms'), '.3f')} |{fb} "
-          f"{f(r.get('fla_bwd_ms'), '.3f')} | {f(r.get('kla_fwd_bwd_ms'), '.3f')} |{ffb} "
-          f"{f(r.get('fla_fwd_bwd_ms'), '.3f')} | {pub} | {goal} | "
-          f"{f(r.get('kla_workspace_GiB'), '.2f')} | {f(r.get('kla_peak_GiB'), '.2f')} | "
-          f"{f(r.get('fla_peak_GiB'), '.2f')} |")
+        return (f"{pub:.3f}", f"≤ {goal:g}") if pub else ("–", "–")
+
+    def row_line(cells):
+        return "| " + " | ".join(cells) + " |"
+
+    memory = [("kla workspace GiB", "kla_workspace_GiB"), ("kla peak GiB", "kla_peak_GiB")] + (
+        [("saved GiB", "kla_saved_GiB"), ("kla FAST saved peak GiB", "kla_fast_saved_peak_GiB")]
+        if saved else []) + [("FLA peak GiB", "fla_peak_GiB")]
+    heads = ([f"{n} bwd ms" for n, _ in libs] + [f"{n} fwd+bwd ms" for n, _ in libs]
+             + ["FlashQLA bwd (published, H200)", "goal"] + [h for h, _ in memory])
+    w(row_line(["case"] + heads))
+    w("|" + "---|" * (len(heads) + 1))
+    for r in speed:
+        cells = ([f(r.get(f"{k}bwd_ms"), ".3f") for _, k in libs]
+                 + [f(r.get(f"{k}fwd_bwd_ms"), ".3f") for _, k in libs] + list(targets(r))
+                 + [f(r.get(k), ".2f") for _, k in memory])
+        w(row_line([r["case"]] + cells))
     w("")
-    graphed = [r for r in bwd.get("speed", []) if "kla_graph_bwd_ms" in r]
+    graphed = [r for r in speed if "kla_graph_bwd_ms" in r]
     if graphed:
         copy = bwd.get("copy_TBps")
         w("The same calls replayed from CUDA graphs (kernel to kernel: the host's launch work "
@@ -339,28 +355,25 @@ def render_backward(w, bwd, docs, note):
              f"`backward_floor_bytes`) at this run's copy rate, {copy:.2f} TB/s (1 GiB device "
              f"copy, bytes read + written); % floor = floor / time:" if copy else ":"))
         w("")
-        floor_cols = " floor ms | kla FAST % floor | FLA % floor |" if copy else ""
-        w("| case | kla bwd ms | kla FAST bwd ms | FLA bwd ms | kla fwd+bwd ms | "
-          "kla FAST fwd+bwd ms | FLA fwd+bwd ms | FlashQLA bwd (published, H200) | goal |"
-          + floor_cols)
-        w("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if copy else ""))
+        shared = [x for x in libs if x[0] != "kla"]  # the floor's shares: the fast variants, FLA
+        heads = ([f"{n} bwd ms" for n, _ in libs] + [f"{n} fwd+bwd ms" for n, _ in libs]
+                 + ["FlashQLA bwd (published, H200)", "goal"]
+                 + (["floor ms"] + [f"{n} % floor" for n, _ in shared] if copy else []))
+        w(row_line(["case"] + heads))
+        w("|" + "---|" * (len(heads) + 1))
         for r in graphed:
-            pub, goal = ISSUE25.get(r["case"], (None, None))
-            pub, goal = (f"{pub:.3f}", f"≤ {goal:g}") if pub else ("–", "–")
-            fla_b = r.get("fla_graph_bwd_ms", "capture failed" if "fla_graph_error" in r else None)
-            fla_fb = r.get("fla_graph_fwd_bwd_ms",
-                           "capture failed" if "fla_graph_error" in r else None)
-            cells = ""
+            failed = "capture failed" if "fla_graph_error" in r else None
+
+            def graph(k, what):
+                return r.get(f"{k}graph_{what}_ms", failed if k == "fla_" else None)
+            cells = ([f(graph(k, "bwd"), ".3f") for _, k in libs]
+                     + [f(graph(k, "fwd_bwd"), ".3f") for _, k in libs] + list(targets(r)))
             if copy:
                 floor = backward_floor_ms(r, copy)
-                shares = [f"{100 * floor / t:.1f}%" if floor and isinstance(t, float) else "–"
-                          for t in (r.get("kla_fast_graph_bwd_ms"), fla_b)]
-                cells = f" {f(floor, '.3f')} | {shares[0]} | {shares[1]} |"
-            w(f"| {r['case']} | {f(r.get('kla_graph_bwd_ms'), '.3f')} | "
-              f"{f(r.get('kla_fast_graph_bwd_ms'), '.3f')} | {f(fla_b, '.3f')} | "
-              f"{f(r.get('kla_graph_fwd_bwd_ms'), '.3f')} | "
-              f"{f(r.get('kla_fast_graph_fwd_bwd_ms'), '.3f')} | {f(fla_fb, '.3f')} | "
-              f"{pub} | {goal} |" + cells)
+                cells += [f(floor, ".3f")] + [
+                    f"{100 * floor / t:.1f}%" if floor and isinstance(t, float) else "–"
+                    for t in (graph(k, "bwd") for _, k in shared)]
+            w(row_line([r["case"]] + cells))
         w("")
 
 

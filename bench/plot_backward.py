@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Draws bench/bench_backward.py runs: backward ms per case, kla ACCURATE and FAST beside FLA (the
-same run), FlashQLA's published H200 time and issue 25's goal, log scale.
+"""Draws bench/bench_backward.py runs: backward ms per case, kla ACCURATE, FAST and FAST with saved
+states (where the run timed it) beside FLA (the same run), FlashQLA's published H200 time and issue
+25's goal, log scale.
 
     python3 bench/plot_backward.py "af7e735=docs/performance/backward.json" \
         "fbd928e=docs/performance/backward_earlier.json" \
@@ -22,7 +23,11 @@ from figure import plot_arguments, pyplot, save, wrap  # noqa: E402
 
 # The plain calls' keys of a speed row and their CUDA-graph replays' (bench_backward.py).
 GRAPH_KEYS = {"kla_bwd_ms": "kla_graph_bwd_ms", "kla_fast_bwd_ms": "kla_fast_graph_bwd_ms",
+              "kla_fast_saved_bwd_ms": "kla_fast_saved_graph_bwd_ms",
               "fla_bwd_ms": "fla_graph_bwd_ms"}
+# kla's variants in drawing order: (key, series name)
+KLA_SERIES = (("kla_bwd_ms", "kla ACCURATE"), ("kla_fast_bwd_ms", "kla FAST"),
+              ("kla_fast_saved_bwd_ms", "kla FAST saved"))
 
 
 def load(spec):
@@ -47,11 +52,11 @@ def load(spec):
 
 
 def bars(runs):
-    """[(series label, {case: ms}, run index)] in drawing order: kla ACCURATE, kla FAST of every
-    run, then FLA of every run that timed it."""
+    """[(series label, {case: ms}, run index)] in drawing order: kla ACCURATE, FAST and FAST saved
+    of every run (each variant the run timed), then FLA of every run that timed it."""
     out = []
     for i, (label, rows) in enumerate(runs):
-        for key, name in (("kla_bwd_ms", "kla ACCURATE"), ("kla_fast_bwd_ms", "kla FAST")):
+        for key, name in KLA_SERIES:
             vals = {c: r[key] for c, r in rows.items() if r.get(key)}
             if vals:
                 out.append((f"{name} ({label})", vals, i))
@@ -69,7 +74,8 @@ def main():
     series = bars(runs)
     fig, ax = pyplot().subplots(figsize=(10, 5.0))
     width = 0.8 / len(series)
-    colors = {"kla ACCURATE": "tab:blue", "kla FAST": "tab:green", "FLA": "tab:orange"}
+    colors = {"kla ACCURATE": "tab:blue", "kla FAST": "tab:green", "kla FAST saved": "tab:olive",
+              "FLA": "tab:orange"}
     for s, (label, vals, run) in enumerate(series):
         xs = [c + (s - (len(series) - 1) / 2) * width for c in range(len(cases))]
         ys = [vals.get(case, 0.0) for case in cases]

@@ -135,3 +135,53 @@ def test_the_copy_rate_counts_bytes_read_and_written():
     # 1 MiB read and 1 MiB written in 0.5 ms
     assert sbs.device_copy_bps(torch, "cpu", median_ms, n=1 << 20) == 2 * (1 << 20) / 0.5e-3
     assert len(timed) == 1
+
+
+def test_the_saved_backward_gets_its_own_columns_where_the_run_timed_it(tmp_path):
+    md = _load("make_performance_md")
+    row = {"case": "1x8192", "lengths": [8192], "H": 16, "HV": 32, "K": 128, "V": 128,
+           "dtype": "bf16", "kla_bwd_ms": 5.0, "kla_fwd_bwd_ms": 6.0, "kla_fast_bwd_ms": 3.8,
+           "kla_fast_fwd_bwd_ms": 4.4, "kla_fast_saved_bwd_ms": 3.1,
+           "kla_fast_saved_fwd_bwd_ms": 4.1, "fla_bwd_ms": 3.0, "fla_fwd_bwd_ms": 4.0,
+           "kla_workspace_GiB": 1.6, "kla_peak_GiB": 1.8, "kla_saved_GiB": 0.19,
+           "kla_fast_saved_peak_GiB": 1.85, "fla_peak_GiB": 0.95,
+           "kla_graph_bwd_ms": 4.5, "kla_graph_fwd_bwd_ms": 5.5, "kla_fast_graph_bwd_ms": 2.0,
+           "kla_fast_graph_fwd_bwd_ms": 3.75, "kla_fast_saved_graph_bwd_ms": 0.5,
+           "kla_fast_saved_graph_fwd_bwd_ms": 3.5, "fla_graph_bwd_ms": 1.0,
+           "fla_graph_fwd_bwd_ms": 2.0}
+    bwd = {"device": "test", "torch": "x", "fla": None, "speed": [row], "accuracy": [],
+           "complete": True, "copy_TBps": 3.4603008}
+    out = []
+    md.render_backward(out.append, bwd, str(tmp_path), "")
+    text = "\n".join(out)
+    assert ("| case | kla bwd ms | kla FAST bwd ms | kla FAST saved bwd ms | FLA bwd ms | "
+            "kla fwd+bwd ms | kla FAST fwd+bwd ms | kla FAST saved fwd+bwd ms | FLA fwd+bwd ms |"
+            ) in text
+    assert ("| 1x8192 | 5.000 | 3.800 | 3.100 | 3.000 | 6.000 | 4.400 | 4.100 | 4.000 | 0.789 | "
+            "≤ 0.79 | 1.60 | 1.80 | 0.19 | 1.85 | 0.95 |") in text
+    # the floor of 0.1 ms against each fast variant and FLA, replayed
+    assert ("| 1x8192 | 4.500 | 2.000 | 0.500 | 1.000 | 5.500 | 3.750 | 3.500 | 2.000 | 0.789 | "
+            "≤ 0.79 | 0.100 | 5.0% | 20.0% | 10.0% |") in text
+    assert "kla FAST saved: kla FAST with `save_states=True`" in text
+    # every row has as many cells as its header
+    for table in [t for t in text.split("\n\n") if t.startswith("| case")]:
+        lines = table.splitlines()
+        assert len({line.count("|") for line in lines}) == 1, table
+
+
+def test_the_plot_draws_the_saved_backward_where_the_run_timed_it(tmp_path):
+    pb = _load("plot_backward")
+    path = tmp_path / "backward.json"
+    row = {"case": "1x8192", "kla_bwd_ms": 5.0, "kla_fast_bwd_ms": 2.5,
+           "kla_fast_saved_bwd_ms": 2.2, "fla_bwd_ms": 2.4, "kla_graph_bwd_ms": 4.6,
+           "kla_fast_graph_bwd_ms": 2.1, "kla_fast_saved_graph_bwd_ms": 1.3,
+           "fla_graph_bwd_ms": 1.7}
+    older = {k: x for k, x in row.items() if "saved" not in k}  # a run before saved states
+    path.write_text(json.dumps({"speed": [row]}))
+    (tmp_path / "older.json").write_text(json.dumps({"speed": [older]}))
+    runs = [pb.load(f"new={path}#graph"), pb.load(f"old={tmp_path / 'older.json'}")]
+    series = [(label, vals) for label, vals, _ in pb.bars(runs)]
+    assert series == [("kla ACCURATE (new)", {"1x8192": 4.6}), ("kla FAST (new)", {"1x8192": 2.1}),
+                      ("kla FAST saved (new)", {"1x8192": 1.3}),
+                      ("kla ACCURATE (old)", {"1x8192": 5.0}), ("kla FAST (old)", {"1x8192": 2.5}),
+                      ("FLA (new)", {"1x8192": 1.7}), ("FLA (old)", {"1x8192": 2.4})]
