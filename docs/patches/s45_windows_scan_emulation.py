@@ -1,4 +1,6 @@
-"""A CPU check of docs/patches/s45_windows_scan_prep_branch.patch's windows kernel, not of the kernel itself:
+"""A CPU check of the windows kernel's algorithm, not of the kernel itself (built in session 45 as
+docs/patches/s45_windows_scan_prep_branch.patch, landed in 31458a2 after its GPU tests in session 46:
+bwd_chain_windows_kernel in cuda/src/bwd/bwd_state_grad_segments.cuh):
 its algorithm (a block of 256 threads: the shuffle scan of the affine maps (gamma, L) over a tile,
 the pass over the 8 warps' totals, the highest failing chunk, one thread a boundary) emulated in
 numpy float32 beside the landed serial walk (bwd_chain_windows_kernel at 33ba0d8) on random

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kBwdPrepBf16Threads, kBwdPrepBf16Blocks[1])
     if (item_s >= p.max_chunks * p.N * p.HV) return;
     {
       const PrepTile pt = bwd_beside_tile(p, item_s);
-      if (pt.L > 0) bwd_prep_bf16_tile<E, true>(bp, pt, pt.hv % bp.group);
+      if (pt.L > 0) bwd_prep_bf16_tile<E, true, false>(bp, pt, pt.hv % bp.group);
     }
     // The record's writes done, seen by thread 0; the shared memory free for the next item.
     __syncthreads();

@@ -84,8 +84,10 @@ __device__ __forceinline__ void bwd_prep_chunk_bounds(float* rec, const __nv_bfl
 /// kSaved (kla_chunk_backward_saved: the forward saved S and U) forms no U0, so it copies no V rows
 /// and splits no A^-1 diag(beta vs): the rest of its record is bitwise the default's. Its last
 /// accesses to shared memory and the record are not followed by a barrier: a caller that goes on
-/// to another tile waits at one first.
-template <class E, bool kSaved>
+/// to another tile waits at one first. kChainBounds: the segmented chain's bounds are written
+/// where bp.chain_seg > 0; false compiles them out (the prep beside the scan, which runs only where
+/// the chain does not).
+template <class E, bool kSaved, bool kChainBounds = true>
 __device__ __forceinline__ void bwd_prep_bf16_tile(const BwdParams& bp, const PrepTile& pt, int j) {
   using namespace bwd_bf16;
   const KernelParams& p = bp.f;
@@ -183,8 +185,10 @@ __device__ __forceinline__ void bwd_prep_bf16_tile(const BwdParams& bp, const Pr
     for (int r = ti; r < 2 * C; r += tn)
       *reinterpret_cast<uint4*>(rb + R.b_mh + r * PBC + C) = make_uint4(0u, 0u, 0u, 0u);
     if (j == 0) store_padded_rows<K>(rb + R.b_kr, Kb, C, ti, tn);
-    // the segmented chain's alone (its windows); the prep beside the scan takes none
-    if (bp.chain_seg > 0) bwd_prep_chunk_bounds(rec, rb + R.b_do, sc, ti);
+    // the segmented chain's alone (its windows); the prep beside the scan, which runs only where
+    // the chain does not, carries none of it (kChainBounds)
+    if constexpr (kChainBounds)
+      if (bp.chain_seg > 0) bwd_prep_chunk_bounds(rec, rb + R.b_do, sc, ti);
 #pragma unroll
     for (int i = 0; i < kInvBarriers; ++i)
       named_bar_sync(kPrepBarPad, kBwdPrepBf16Threads - kInvThreads);

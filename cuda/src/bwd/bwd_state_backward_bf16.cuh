@@ -84,8 +84,10 @@ __global__ void __maxnreg__(kBwdStateBackwardBf16Regs)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int nch = int((sr.len + C - 1) / C);
   // After the segmented chain (bp.chain_seg): only the heads it left, those without a certified
-  // window for some segment (bwd/bwd_state_grad_segments.cuh).
-  if (bp.chain_seg > 0 && nch > 0 && bwd_chain_certified(rec0)) return;
+  // window for some segment (bwd/bwd_state_grad_segments.cuh). Beside the prep the chain never
+  // runs (api/backward.cu), so that instantiation carries none of this.
+  if constexpr (!kBesidePrep)
+    if (bp.chain_seg > 0 && nch > 0 && bwd_chain_certified(rec0)) return;
 
   // Shared memory (bwd_state_backward_bf16_smem): one copy stage in two groups (ScanCopyGroup),
   // the keys' (the raw keys [C][PB], M hi, lo [C][PBC], the raw dY slice [C][PS] bf16, G, kscale,
