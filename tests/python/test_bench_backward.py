@@ -89,17 +89,24 @@ def test_the_backward_floor_counts_each_tensor_once():
             bt.backward_floor_bytes(8192, 16, 32, 128, 128, 2, 1)) == 7 * 6291456
 
 
-def test_the_replayed_table_gives_the_floor_where_the_run_measured_its_copy_rate(tmp_path):
-    md = _load("make_performance_md")
+def _replayed_run(**more):
+    """A bench_backward.py run of one 1x8192 row with its shape, plain and replayed times (kla,
+    kla FAST, FLA replayed) and a copy rate of 3.4603008 TB/s: 346030080 bytes, a floor of 0.1 ms;
+    `more` adds to the row."""
     row = {"case": "1x8192", "lengths": [8192], "H": 16, "HV": 32, "K": 128, "V": 128,
            "dtype": "bf16", "kla_bwd_ms": 5.0, "kla_fwd_bwd_ms": 6.0, "kla_fast_bwd_ms": 3.8,
            "kla_fast_fwd_bwd_ms": 4.4, "kla_workspace_GiB": 1.6, "kla_peak_GiB": 1.8,
            "kla_graph_bwd_ms": 4.5, "kla_graph_fwd_bwd_ms": 5.5, "kla_fast_graph_bwd_ms": 2.0,
            "kla_fast_graph_fwd_bwd_ms": 3.75, "fla_graph_bwd_ms": 1.0,
-           "fla_graph_fwd_bwd_ms": 2.0}
-    # 346030080 bytes at 3.4603008 TB/s: a floor of 0.1 ms, 5% of 2.0 ms and 10% of 1.0 ms
-    bwd = {"device": "test", "torch": "x", "fla": None, "speed": [row], "accuracy": [],
-           "complete": True, "copy_TBps": 3.4603008}
+           "fla_graph_fwd_bwd_ms": 2.0, **more}
+    return {"device": "test", "torch": "x", "fla": None, "speed": [row], "accuracy": [],
+            "complete": True, "copy_TBps": 3.4603008}
+
+
+def test_the_replayed_table_gives_the_floor_where_the_run_measured_its_copy_rate(tmp_path):
+    md = _load("make_performance_md")
+    # a floor of 0.1 ms: 5% of 2.0 ms and 10% of 1.0 ms
+    bwd = _replayed_run()
     out = []
     md.render_backward(out.append, bwd, str(tmp_path), "")
     text = "\n".join(out)
@@ -139,18 +146,10 @@ def test_the_copy_rate_counts_bytes_read_and_written():
 
 def test_the_saved_backward_gets_its_own_columns_where_the_run_timed_it(tmp_path):
     md = _load("make_performance_md")
-    row = {"case": "1x8192", "lengths": [8192], "H": 16, "HV": 32, "K": 128, "V": 128,
-           "dtype": "bf16", "kla_bwd_ms": 5.0, "kla_fwd_bwd_ms": 6.0, "kla_fast_bwd_ms": 3.8,
-           "kla_fast_fwd_bwd_ms": 4.4, "kla_fast_saved_bwd_ms": 3.1,
-           "kla_fast_saved_fwd_bwd_ms": 4.1, "fla_bwd_ms": 3.0, "fla_fwd_bwd_ms": 4.0,
-           "kla_workspace_GiB": 1.6, "kla_peak_GiB": 1.8, "kla_saved_GiB": 0.19,
-           "kla_fast_saved_peak_GiB": 1.85, "fla_peak_GiB": 0.95,
-           "kla_graph_bwd_ms": 4.5, "kla_graph_fwd_bwd_ms": 5.5, "kla_fast_graph_bwd_ms": 2.0,
-           "kla_fast_graph_fwd_bwd_ms": 3.75, "kla_fast_saved_graph_bwd_ms": 0.5,
-           "kla_fast_saved_graph_fwd_bwd_ms": 3.5, "fla_graph_bwd_ms": 1.0,
-           "fla_graph_fwd_bwd_ms": 2.0}
-    bwd = {"device": "test", "torch": "x", "fla": None, "speed": [row], "accuracy": [],
-           "complete": True, "copy_TBps": 3.4603008}
+    bwd = _replayed_run(kla_fast_saved_bwd_ms=3.1, kla_fast_saved_fwd_bwd_ms=4.1, fla_bwd_ms=3.0,
+                        fla_fwd_bwd_ms=4.0, kla_saved_GiB=0.19, kla_fast_saved_peak_GiB=1.85,
+                        fla_peak_GiB=0.95, kla_fast_saved_graph_bwd_ms=0.5,
+                        kla_fast_saved_graph_fwd_bwd_ms=3.5)
     out = []
     md.render_backward(out.append, bwd, str(tmp_path), "")
     text = "\n".join(out)
