@@ -47,12 +47,13 @@ namespace kla::kernels {
 constexpr float kChainDropBound = 0x1p-24f;
 /// The longest warm-up: this many segments' chunks.
 constexpr int kBwdChainMaxWarmup = 2;
-/// The window kernel's ring of B and gamma over the chunks above a boundary: a power of two above
-/// the longest window.
+/// The window kernel's ring of B and gamma over the chunks above a boundary: a tile of
+/// kBwdChainThreads chunks is written while its boundaries read up to a longest window above
+/// them, so the ring holds both, and is a power of two.
 constexpr int kChainRing = 512;
-static_assert(kChainRing > kBwdChainMaxWarmup * kBwdChainMaxSegment &&
+static_assert(kChainRing >= kBwdChainThreads + kBwdChainMaxWarmup * kBwdChainMaxSegment &&
                   (kChainRing & (kChainRing - 1)) == 0,
-              "the ring holds a window, indexed by a mask");
+              "the ring holds a tile and the longest window above it, indexed by a mask");
 
 /// The suffix maps of a tile of chunks, by the block (kBwdChainThreads threads, thread k holding
 /// chunk top - 1 - k): B(c) = L_c + gamma_c B(c + 1) composed from the tile's top down, so that
