@@ -63,66 +63,50 @@ __device__ __forceinline__ void wgmma_reg_fence(float (&d)[M]) {
 }
 
 /// D (64 x N, fp32; N = 2 x the size of d) += A (64 x 16, descriptor; M-major when TA) B (16 x N,
-/// K-major descriptor), both bf16 or both fp16 (E), read from shared memory. One overload per N
+/// descriptor; K-major, or MN-major when TB: the transpose of a K-major tile, rows = k, 8-row
+/// groups 1024 B apart), both bf16 or both fp16 (E), read from shared memory. One overload per N
 /// (the operand list is the shape). KLA_WGMMA_SS: the instruction for E (the PTX type is part of
 /// the string), SHAPE and the accumulator registers DREGS, then the operand numbers of a, b, the
-/// scale-d predicate's source and TA, then the accumulators' constraints.
-#define KLA_WGMMA_SS_ASM(TYPE, SHAPE, DREGS, IA, IB, IS, ITA, ...)                            \
+/// scale-d predicate's source, TA and TB, then the accumulators' constraints.
+#define KLA_WGMMA_SS_ASM(TYPE, SHAPE, DREGS, IA, IB, IS, ITA, ITB, ...)                       \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS                                        \
                ", 0;\n"                                                                       \
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " DREGS ", %" IA \
-               ", %" IB ", p, 1, 1, %" ITA ", 0;\n}\n"                                        \
+               ", %" IB ", p, 1, 1, %" ITA ", %" ITB ";\n}\n"                                 \
                : __VA_ARGS__                                                                  \
-               : "l"(a), "l"(b), "r"(1), "n"(TA))
+               : "l"(a), "l"(b), "r"(1), "n"(TA), "n"(TB))
 #define KLA_WGMMA_SS(...)                                                                        \
   static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "2-byte inputs"); \
   if constexpr (std::is_same_v<E, __half>)                                                       \
     KLA_WGMMA_SS_ASM("f16", __VA_ARGS__);                                                        \
   else                                                                                           \
     KLA_WGMMA_SS_ASM("bf16", __VA_ARGS__)
-template <int TA, class E>
+template <int TA, class E, int TB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[8], uint64_t a, uint64_t b) {
-  KLA_WGMMA_SS("m64n16k16", "{%0,%1,%2,%3,%4,%5,%6,%7}", "8", "9", "10", "11", "+f"(d[0]),
+  KLA_WGMMA_SS("m64n16k16", "{%0,%1,%2,%3,%4,%5,%6,%7}", "8", "9", "10", "11", "12", "+f"(d[0]),
                "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]));
 }
-template <int TA, class E>
+template <int TA, class E, int TB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t a, uint64_t b) {
   KLA_WGMMA_SS("m64n32k16", "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}", "16", "17",
-               "18", "19", "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-               "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+               "18", "19", "20", "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+               "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
                "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]));
 }
-template <int TA, class E>
+template <int TA, class E, int TB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b) {
   KLA_WGMMA_SS("m64n64k16",
                "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"
                "%23,%24,%25,%26,%27,%28,%29,%30,%31}",
-               "32", "33", "34", "35", "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
-               "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-               "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-               "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-               "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-               "+f"(d[30]), "+f"(d[31]));
+               "32", "33", "34", "35", "36", "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+               "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
+               "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+               "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+               "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+               "+f"(d[29]), "+f"(d[30]), "+f"(d[31]));
 }
 #undef KLA_WGMMA_SS
 #undef KLA_WGMMA_SS_ASM
-
-/// D (64 x 64) += A (64 x 16) B (16 x 64), bf16, both read from shared memory: A M-major (TA) or
-/// K-major, B MN-major (TB: the transpose of a K-major tile, rows = k, 8-row groups 1024 B apart)
-/// or K-major (wgmma_ss fixes B K-major).
-template <int TA, int TB>
-__device__ __forceinline__ void wgmma_ss_bf16_n64(float (&d)[32], uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"
-      "%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, %34, %35;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "n"(TA), "n"(TB));
-}
 
 /// At most N of this warpgroup's committed wgmma groups still pending (groups complete in order).
 template <int N>

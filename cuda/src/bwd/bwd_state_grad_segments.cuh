@@ -193,8 +193,8 @@ __device__ __forceinline__ void mma_rows(float (&d)[32], const char* a, const ch
   const uint64_t ad = wgmma_desc_sw128(a, 8192), bd = wgmma_desc_sw128(b, 8192);
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks)
-    wgmma_ss_bf16_n64<1, 1>(d, wgmma_desc_advance(ad, ks * 2048),
-                            wgmma_desc_advance(bd, ks * 2048));
+    wgmma_ss<1, __nv_bfloat16, 1>(d, wgmma_desc_advance(ad, ks * 2048),
+                                  wgmma_desc_advance(bd, ks * 2048));
 }
 
 /// Byte offset of element (row, col) of a bf16 tile of `rows` rows in 64-column swizzled panels.
@@ -341,8 +341,9 @@ __global__ void __launch_bounds__(kBwdChainThreads, 1)
         const uint64_t bd = wgmma_desc_sw128(smem + (part ? kDSl : kDSh) + wg * 16 * KB, 8192);
 #pragma unroll
         for (int ks = 0; ks < K / 16; ++ks)
-          wgmma_ss_bf16_n64<0, 1>(ua, wgmma_desc_advance(ad, (ks >> 2) * 8192 + (ks & 3) * 32),
-                                  wgmma_desc_advance(bd, ks * 2048));
+          wgmma_ss<0, __nv_bfloat16, 1>(ua,
+                                        wgmma_desc_advance(ad, (ks >> 2) * 8192 + (ks & 3) * 32),
+                                        wgmma_desc_advance(bd, ks * 2048));
       }
     }
     wgmma_commit();
