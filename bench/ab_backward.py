@@ -2,10 +2,14 @@
 
     PYTHONPATH=python python3 bench/ab_backward.py --out out/ab.json --rounds 2 \\
         base=/path/a/libkla_cuda.so.5 new=/path/b/libkla_cuda.so.5 \\
-        'new-0.4=/path/b/libkla_cuda.so.5?KLA_EXP_BESIDE_PERMILLE=400'
+        'new-scan=/path/b/libkla_cuda.so.5?KLA_AB_STATE_GRAD=scan'
 
 Each variant NAME=LIBRARY[?VAR=VALUE[&...]] runs in a process of its own (the library is loaded
-once a process: KLA_CUDA_LIBRARY), with the extra environment given after '?'; the variants run
+once a process: KLA_CUDA_LIBRARY), with the extra environment given after '?'. Two variables are
+this script's: KLA_AB_STATE_GRAD (auto, scan or chain) and KLA_AB_CHAIN_SEGMENT (0, or chunks a
+chain segment) pin the saved backward's state-gradient schedule (chunk_gated_delta_rule's
+state_grad / chain_segment; a library without kla_chunk_backward_saved_as then fails that
+variant, saying so); the variants run
 in turn, `--rounds` times, so that drift on the GPU shows as a difference between rounds rather
 than between variants. Per row (bench_backward.py's three: 1x32768, 8 packed sequences of random
 lengths summing to 32768, 1x8192; H 16, HV 32, K = V = 128, bf16, qk l2-norm, an initial state,
@@ -18,6 +22,7 @@ Writes --out (JSON, after every variant) and prints one progress line a measurem
 at the end.
 """
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -39,6 +44,13 @@ def child(args):
     import bench_backward as bb
 
     fn = bb.kla_fast_saved_fn if args.saved else bb.kla_fast_fn
+    schedule = {"state_grad": os.environ.get("KLA_AB_STATE_GRAD", "auto"),
+                "chain_segment": int(os.environ.get("KLA_AB_CHAIN_SEGMENT", "0"))}
+    if schedule != {"state_grad": "auto", "chain_segment": 0}:
+        if not args.saved:
+            raise SystemExit("KLA_AB_STATE_GRAD / KLA_AB_CHAIN_SEGMENT: the saved backward's "
+                             "schedule, not with --no-saved")
+        fn = functools.partial(bb.kla_fast_saved_fn, **schedule)
     rows = [("1x32768", [32768]), ("8 seqs", bb.random_lengths(32768, 8, 1)), ("1x8192", [8192])]
     out = {}
     for name, lengths in rows:

@@ -250,12 +250,13 @@ def kla_fast_fn(q, k, v, g, beta, h0, cu):
     return kla_fn(q, k, v, g, beta, h0, cu, arithmetic="fast")
 
 
-def kla_fast_saved_fn(q, k, v, g, beta, h0, cu):
-    """kla FAST with save_states=True (kla.h "Saved states")."""
+def kla_fast_saved_fn(q, k, v, g, beta, h0, cu, **schedule):
+    """kla FAST with save_states=True (kla.h "Saved states"); `schedule`: the saved backward's
+    state_grad / chain_segment, if pinned (bench/ab_backward.py)."""
     return kla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                       cu_seqlens=cu, cu_seqlens_cpu=_host_cu(cu),
                                       use_qk_l2norm_in_kernel=True, arithmetic="fast",
-                                      save_states=True)
+                                      save_states=True, **schedule)
 
 
 def ref_fn(q, k, v, g, beta, h0, cu):

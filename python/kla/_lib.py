@@ -11,7 +11,7 @@ symbols of the same ABI: a library without them loads, and only save_states=True
 import ctypes
 import os
 import threading
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint32, c_void_p
 
 from . import _params as P
 
@@ -84,6 +84,15 @@ def _declare_saving(lib):
         "kla_chunk_forward_saving": (c_int, [pp, c_void_p, c_size_t, c_void_p]),
         "kla_chunk_backward_saved": (c_int, [POINTER(P.KlaBackwardParams), c_void_p, c_size_t,
                                              c_void_p]),
+        # The state-gradient schedule (kla.h kla_state_grad): added after the saved states, so a
+        # library without them still loads; a request other than AUTO then raises.
+        "kla_chunk_backward_saved_as": (c_int, [POINTER(P.KlaBackwardParams), c_void_p,
+                                                c_size_t, c_int, c_int32, c_void_p]),
+        "kla_plan_chunk_backward_saved": (c_int, [POINTER(P.KlaBackwardParams), c_int, c_int32,
+                                                  POINTER(P.KlaBackwardPlan)]),
+        "kla_plan_chunk_backward_saved_for": (c_int, [POINTER(P.KlaBackwardParams),
+                                                      POINTER(P.KlaDeviceInfo), c_int, c_int32,
+                                                      POINTER(P.KlaBackwardPlan)]),
     }
     missing = []
     for name, (res, args) in saving.items():
@@ -140,6 +149,9 @@ class Library:
         self.saved_states_size = self._saving_entry("kla_saved_states_size")
         self.chunk_forward_saving = self._saving_entry("kla_chunk_forward_saving")
         self.chunk_backward_saved = self._saving_entry("kla_chunk_backward_saved")
+        # kla_chunk_backward_saved_as(&backward_params, saved, saved_size, state_grad,
+        # chain_segment, stream): on a schedule requested (kla.h kla_state_grad).
+        self.chunk_backward_saved_as = self._saving_entry("kla_chunk_backward_saved_as")
 
     def _saving_entry(self, name):
         """The bound entry point, or (a library without saved states) a stand-in of that name
@@ -150,7 +162,8 @@ class Library:
 
         def missing(*args):
             raise KlaLibraryError(f"kla: {path} has no {name}: it is an ABI {P.ABI_VERSION} "
-                                  f"library built before saved states (save_states=True); "
+                                  f"library built before that entry point (save_states=True "
+                                  f"needs the saved states', state_grad= the schedule's); "
                                   f"rebuild it (pip install the package again)")
         missing.__name__ = name
         return missing
@@ -199,6 +212,21 @@ class Library:
 
     def validate(self, p):
         self.check(self.cdll.kla_validate(ctypes.byref(p)))
+
+    def plan_backward_saved(self, bp, state_grad=P.STATE_GRAD_AUTO, chain_segment=0,
+                            device=None):
+        """kla_plan_chunk_backward_saved(_for with a KlaDeviceInfo `device`): the saved backward's
+        KlaBackwardPlan for these kla_backward_params; raises KlaError where the library refuses."""
+        plan = P.KlaBackwardPlan()
+        if device is None:
+            entry = self._saving_entry("kla_plan_chunk_backward_saved")
+            st = entry(ctypes.byref(bp), state_grad, chain_segment, ctypes.byref(plan))
+        else:
+            entry = self._saving_entry("kla_plan_chunk_backward_saved_for")
+            st = entry(ctypes.byref(bp), ctypes.byref(device), state_grad, chain_segment,
+                       ctypes.byref(plan))
+        self.check(st)
+        return plan
 
     def plan_chunk(self, p, device=None):
         plan = P.KlaPlan()

@@ -22,6 +22,11 @@ PATHS = {"auto": PATH_AUTO, "wy": PATH_WY, "wy_transposed": PATH_WY_TRANSPOSED,
 ARITHMETIC = {"accurate": ARITHMETIC_ACCURATE, "fast": ARITHMETIC_FAST}
 ARITHMETIC_NAMES = {code: name for name, code in ARITHMETIC.items()}  # kla_plan.arithmetic
 READOUTS = {"scale": READOUT_SCALE, "q_l2norm": READOUT_Q_L2NORM}
+# kla_state_grad: the saved backward's state-gradient schedule, and the chain's segments (chunks).
+STATE_GRAD_AUTO, STATE_GRAD_SCAN, STATE_GRAD_CHAIN = 0, 1, 2
+STATE_GRADS = {"auto": STATE_GRAD_AUTO, "scan": STATE_GRAD_SCAN, "chain": STATE_GRAD_CHAIN}
+STATE_GRAD_NAMES = {code: name for name, code in STATE_GRADS.items()}
+CHAIN_SEGMENTS = (8, 16, 32, 64, 128)
 STATUS_NAMES = (
     "KLA_SUCCESS", "KLA_ERROR_NULL_POINTER", "KLA_ERROR_INVALID_SIZE", "KLA_ERROR_SHAPE_MISMATCH",
     "KLA_ERROR_BAD_STRIDE", "KLA_ERROR_MISALIGNED", "KLA_ERROR_UNSUPPORTED_DTYPE",
@@ -55,6 +60,13 @@ class KlaPlan(ctypes.Structure):
         ("blocks", c_int64), ("prep_blocks", c_int64), ("smem_bytes", c_int64),
         ("prep_smem_bytes", c_int64), ("workspace_bytes", c_size_t), ("arithmetic", c_int),
         ("reason", c_char * 768),
+    ]
+
+
+class KlaBackwardPlan(ctypes.Structure):
+    _fields_ = [
+        ("state_grad", c_int), ("chain_segment", c_int32), ("prep_beside", c_int32),
+        ("reason", c_char * 256),
     ]
 
 

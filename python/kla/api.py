@@ -194,7 +194,8 @@ def _grad_needed(*tensors):
 # ---- the shared bodies -------------------------------------------------------------------------
 def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
            cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first, coefficient,
-           readout, arithmetic, path, value_slice, segments=0, save_states=False):
+           readout, arithmetic, path, value_slice, segments=0, save_states=False,
+           state_grad="auto", chain_segment=0):
     _check_qkv(q, k, v)
     arithmetic = _enum(P.ARITHMETIC, arithmetic, "arithmetic")
     path = _enum(P.PATHS, path, "path")
@@ -203,6 +204,7 @@ def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_s
     segments, value_slice = _segments(segments), int(value_slice)
     if _save_states(save_states):
         _check_can_save(q, v, arithmetic, path, value_slice, segments)
+    schedule = _schedule(state_grad, chain_segment, save_states)
     cu_seqlens, cu_seqlens_cpu = _seqlens(q, cu_seqlens, cu_seqlens_cpu)
     n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     scale = _scale(scale, q, readout)
@@ -217,7 +219,7 @@ def _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_s
         # The saving forward and, through its autograd formula, the backward from its states;
         # the states live in the autograd graph (ctx) until the backward has run.
         fn = (ops.chunk_fwd_saving_autograd if _plain_eager(q) else ops.chunk_fwd_saving)
-        o, final, _ = fn(*args)
+        o, final, _ = fn(*args, *schedule)
     else:  # no gradient wanted (or save_states=False): nothing to save, the ordinary forward
         fn = _forward_op(ops.chunk_fwd, ops.chunk_fwd_impl, ops.chunk_fwd_autograd, q, k, v, g,
                          eta, h0)
@@ -272,6 +274,25 @@ def _check_can_save(q, v, arithmetic, path, value_slice, segments):
     if segments not in SAVE_SEGMENTS:
         raise ValueError(f"kla: {arg} runs the forward in one pass (segments 0 or 1), got "
                          f"segments={segments!r}")
+
+
+def _schedule(state_grad, chain_segment, save_states):
+    """(state_grad, chain_segment) as chunk_fwd_saving takes them: the saved backward's
+    state-gradient schedule (kla.h kla_state_grad), checked here so that a bad one is a ValueError
+    before anything runs; anything but the default needs save_states=True (it is the schedule of
+    the backward from saved states)."""
+    sg = _enum(P.STATE_GRADS, state_grad, "state_grad")
+    if isinstance(chain_segment, bool) or not isinstance(chain_segment, int) or (
+            chain_segment != 0 and chain_segment not in P.CHAIN_SEGMENTS):
+        raise ValueError(f"kla: chain_segment must be 0 (the plan's choice) or one of "
+                         f"{P.CHAIN_SEGMENTS} chunks, got {chain_segment!r}")
+    if chain_segment and sg != P.STATE_GRAD_CHAIN:
+        raise ValueError(f"kla: chain_segment={chain_segment} needs state_grad='chain', got "
+                         f"state_grad={state_grad!r}")
+    if (sg or chain_segment) and not save_states:
+        raise ValueError(f"kla: state_grad={state_grad!r} chooses the schedule of the backward "
+                         f"from saved states: it needs save_states=True")
+    return sg, chain_segment
 
 
 def _segments(segments):
@@ -365,7 +386,8 @@ def _recurrent(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_fin
 def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
               output_final_state=False, cu_seqlens=None, use_qk_l2norm_in_kernel=False, *,
               cu_seqlens_cpu=None, state_v_first=False, readout="scale", arithmetic="accurate",
-              path="auto", value_slice=0, segments=0, save_states=False):
+              path="auto", value_slice=0, segments=0, save_states=False, state_grad="auto",
+              chain_segment=0):
     """KLA prefill (kla_chunk_forward, the Kaczmarz coefficient beta = eta / (|k|^2 + eps)
     computed in the kernel in fp32 from the raw key). Returns (o, final_state).
 
@@ -403,6 +425,14 @@ def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=Non
     checked on every call, never a silent fallback. Where no gradient is needed
     (torch.is_grad_enabled() false, or no input requires grad) there is nothing to save for: the
     ordinary forward runs (the path the plan picks, as with save_states=False).
+
+    state_grad / chain_segment (with save_states=True) pin how that backward forms the state
+    gradient, as path pins the forward's kernels (kla.h kla_state_grad): 'auto' (the library's
+    choice: 'chain' where it can run, a sm_90a GPU, else 'scan'), 'scan' (one sequential scan a
+    sequence, value head and 32 value columns) or 'chain' (each sequence cut into segments of
+    chain_segment chunks, 8 to 128, a power of two; 0: the library's pick, run side by side from
+    certified warm-up windows). The same gradients' contract on each; a schedule the GPU cannot
+    run raises KlaError from the backward, saying why.
     """
     eta_value = 1.0
     if eta is not None and not isinstance(eta, torch.Tensor):
@@ -410,7 +440,7 @@ def chunk_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=Non
     return _chunk(q, k, v, g, eta, eta_value, eps, scale, initial_state, output_final_state,
                   cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
                   P.COEFF_KACZMARZ, _enum(P.READOUTS, readout, "readout"), arithmetic, path,
-                  value_slice, segments, save_states)
+                  value_slice, segments, save_states, state_grad, chain_segment)
 
 
 def fused_recurrent_kla(q, k, v, g=None, eta=None, eps=1e-6, scale=None, initial_state=None,
@@ -441,7 +471,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                            state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
                            chunk_indices=None, cp_context=None, *, arithmetic="accurate",
-                           path="auto", value_slice=0, segments=0, save_states=False, **kwargs):
+                           path="auto", value_slice=0, segments=0, save_states=False,
+                           state_grad="auto", chain_segment=0, **kwargs):
     """FLA 0.6's chunk_gated_delta_rule (plain GDN, beta given) on kla_chunk_forward.
 
     Same arguments and returns as FLA's; chunk_indices and chunk_size are accepted and ignored.
@@ -452,7 +483,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     per chunk and value head, 0.75 GiB at 32768 tokens x 32 value heads, for a backward about 15%
     faster; outputs bitwise those of save_states=False on the saving scan chunk_kla names; without
     a gradient to compute the ordinary forward runs; a call that cannot save raises ValueError
-    saying why).
+    saying why), state_grad / chain_segment (as chunk_kla: the saved backward's schedule).
     """
     state_v_first = _state_v_first_alias(kwargs, state_v_first)
     _check_kwargs(kwargs, "chunk_gated_delta_rule")
@@ -462,7 +493,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     return _chunk(q, k, v, g, beta, 1.0, 0.0, scale, initial_state, output_final_state,
                   cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, state_v_first,
                   P.COEFF_GIVEN, P.READOUT_SCALE, arithmetic, path, value_slice, segments,
-                  save_states)
+                  save_states, state_grad, chain_segment)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,

@@ -191,12 +191,15 @@ def chunk_fwd_saving_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
                           cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
                           scale: float, eps: float, eta_value: float, coefficient: int,
                           readout: int, output_final_state: bool, arithmetic: int, path: int,
-                          value_slice: int, segments: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+                          value_slice: int, segments: int = 0, state_grad: int = 0,
+                          chain_segment: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """chunk_fwd's (o, final_state) through kla_chunk_forward_saving, plus `saved`: each chunk's
     incoming state and U (kla.h "Saved states"), a uint8 tensor for chunk_bwd_saved. The outputs
     are kla_chunk_forward's on the scan it saves with (the plan's where it is wy_transposed or wy
     at 32 columns, else wy at 32). Only calls the library can save
-    (bf16, FAST, K = V = 128; api.py checks them first): any other is refused."""
+    (bf16, FAST, K = V = 128; api.py checks them first): any other is refused. state_grad and
+    chain_segment are not the forward's: its autograd formula hands them to chunk_bwd_saved (the
+    backward's state-gradient schedule, kla.h kla_state_grad; 0, 0: the library's choice)."""
     o = _out(v)
     final = _final_state(q, v, cu_seqlens, output_final_state)
     saved = launch(CHUNK_SAVING, q, k, v, o, g=g, eta=eta, eta_value=eta_value, eps=eps,
@@ -214,7 +217,8 @@ chunk_fwd_saving = torch.library.custom_op("kla::chunk_fwd_saving", chunk_fwd_sa
 
 @chunk_fwd_saving.register_fake
 def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
-      coefficient, readout, output_final_state, arithmetic, path, value_slice, segments=0):
+      coefficient, readout, output_final_state, arithmetic, path, value_slice, segments=0,
+      state_grad=0, chain_segment=0):
     # The size from the shapes alone (kla_saved_states_size's formula; the library's own is
     # checked against it at every real call, _saved_buffer).
     saved = q.new_empty(saved_states_bytes(q, v, cu_seqlens), dtype=torch.uint8)
@@ -282,13 +286,16 @@ BACKWARD_MAX_HEAD_DIM = 128  # kla.h: the backward kernels' largest K and V
 
 
 def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps,
-                    eta_value, coefficient, readout, do, dht, arithmetic, saved=None):
+                    eta_value, coefficient, readout, do, dht, arithmetic, saved=None, state_grad=0,
+                    chain_segment=0):
     """kla_chunk_backward on the current stream: the gradients, allocated here (dq, dk like q,
     dv like v, dg / deta / dh0 fp32, empty where the input is None), with a workspace from the
     caching allocator sized by kla_backward_workspace_size; `arithmetic` is the forward's (FAST:
     the backward's products on one TF32 part, its input gradients on bf16 operands for bf16 at
     K = V = 128, kla.h). With `saved` (the saving forward's states, same inputs) it runs
-    kla_chunk_backward_saved, which reads them instead of recomputing them."""
+    kla_chunk_backward_saved, which reads them instead of recomputing them, or, with a
+    state_grad / chain_segment other than 0 (kla.h kla_state_grad), kla_chunk_backward_saved_as on
+    that schedule."""
     lib = _lib.load()
     dev = q.device
     cu_host = cu_dev = None
@@ -315,8 +322,11 @@ def launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, 
     P.fill_backward(bp, do, dq, dk, dv, dht=dht, dg=dg, deta=deta, dh0=dh0, workspace=workspace)
     if saved is None:
         status = _call(lib.chunk_backward, ref, dev)
-    else:
+    elif state_grad == 0 and chain_segment == 0:
         status = _call(lib.chunk_backward_saved, ref, dev, saved.data_ptr(), saved.numel())
+    else:
+        status = _call(lib.chunk_backward_saved_as, ref, dev, saved.data_ptr(), saved.numel(),
+                       state_grad, chain_segment)
     if status:
         raise lib.error(status)
     del workspace
@@ -368,13 +378,16 @@ def chunk_bwd_saved_impl(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
                          cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
                          scale: float, eps: float, eta_value: float, coefficient: int,
                          readout: int, do: Tensor, dht: Optional[Tensor], arithmetic: int,
-                         saved: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                         saved: Tensor, state_grad: int = 0, chain_segment: int = 0
+                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """chunk_bwd's gradients, by kla_chunk_backward_saved reading `saved` (chunk_fwd_saving's,
-    from the same inputs) instead of recomputing each chunk's state: the kernels only (the saved
-    states exist only where they ran)."""
+    from the same inputs) instead of recomputing each chunk's state, on the state-gradient
+    schedule state_grad / chain_segment (launch_backward): the kernels only (the saved states
+    exist only where they ran)."""
     _require_cuda(q.device)
     return launch_backward(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
-                           eps, eta_value, coefficient, readout, do, dht, arithmetic, saved=saved)
+                           eps, eta_value, coefficient, readout, do, dht, arithmetic, saved=saved,
+                           state_grad=state_grad, chain_segment=chain_segment)
 
 
 chunk_bwd_saved = torch.library.custom_op("kla::chunk_bwd_saved", chunk_bwd_saved_impl,
@@ -383,12 +396,13 @@ chunk_bwd_saved = torch.library.custom_op("kla::chunk_bwd_saved", chunk_bwd_save
 
 @chunk_bwd_saved.register_fake
 def _(q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, eps, eta_value,
-      coefficient, readout, do, dht, arithmetic, saved):
+      coefficient, readout, do, dht, arithmetic, saved, state_grad=0, chain_segment=0):
     return _gradient_shapes(q, k, v, g, eta, initial_state)
 
 
 # ---- autograd -------------------------------------------------------------------------------
 _TENSOR_INPUTS = 8  # q, k, v, g, eta, initial_state, cu_seqlens, cu_seqlens_cpu
+_SCHEDULE = 18  # chunk_fwd_saving's state_grad, chain_segment: its 19th and 20th arguments
 
 
 def _save(ctx, inputs, output, *more):
@@ -405,8 +419,10 @@ def _save_chunk(ctx, inputs, output, *more):
 
 def _save_chunk_saving(ctx, inputs, output):
     """chunk_fwd_saving's: _save_chunk plus the saved states (output[2]), kept alive in ctx from
-    the forward to the backward; they are an integer tensor and get no gradient."""
+    the forward to the backward (they are an integer tensor and get no gradient), and the
+    backward's state-gradient schedule (its last two arguments)."""
     _save_chunk(ctx, inputs, output, output[2])
+    ctx.schedule = tuple(inputs[_SCHEDULE:_SCHEDULE + 2]) or (0, 0)  # defaults not passed
 
 
 def _gradients(ctx, do, dht, backward):
@@ -430,10 +446,10 @@ def _backward_of_forward(ctx, do, dht):
 
 
 def _saved_backward(ctx, backward):
-    """`backward` (chunk_bwd_saved or its implementation) with the saved states _save_chunk_saving
-    kept as its last argument."""
+    """`backward` (chunk_bwd_saved or its implementation) with the saved states and the schedule
+    _save_chunk_saving kept as its last arguments."""
     saved = ctx.saved_tensors[_TENSOR_INPUTS]
-    return lambda *args: backward(*args, saved)
+    return lambda *args: backward(*args, saved, *ctx.schedule)
 
 
 def _backward_of_saving(ctx, do, dht, dsaved):

@@ -361,14 +361,19 @@ class DeviceBackward {
 
   /// The forward with saved states (kla_chunk_forward_saving on `path`: its own o, workspace and
   /// saved buffer, the forward's final state not asked for), then `bp` through
-  /// kla_chunk_backward_saved on outputs poisoned with NaN; what it wrote. Throws on a failing
-  /// status.
-  std::array<std::vector<unsigned char>, kGrads> run_saved(const kla_backward_params& bp,
-                                                           kla_path path) {
+  /// kla_chunk_backward_saved (or, with a state-gradient request other than AUTO,
+  /// kla_chunk_backward_saved_as) on outputs poisoned with NaN; what it wrote. Throws on a
+  /// failing status.
+  std::array<std::vector<unsigned char>, kGrads> run_saved(
+      const kla_backward_params& bp, kla_path path,
+      kla_state_grad state_grad = KLA_STATE_GRAD_AUTO) {
     const std::size_t saved_bytes = save_states(bp, path);
     fill_outputs(0xFF);
     fill_workspace(0xFF);
-    const kla_status st = kla_chunk_backward_saved(&bp, saved_, saved_bytes, nullptr);
+    const kla_status st =
+        state_grad == KLA_STATE_GRAD_AUTO
+            ? kla_chunk_backward_saved(&bp, saved_, saved_bytes, nullptr)
+            : kla_chunk_backward_saved_as(&bp, saved_, saved_bytes, state_grad, 0, nullptr);
     const std::string message = kla_last_error_message();
     KLA_CUDA_CHECK(cudaDeviceSynchronize());
     if (st != KLA_SUCCESS)
@@ -839,17 +844,39 @@ std::vector<Case> long_saved_cases() {
   return cs;
 }
 
+/// One run of the backward from saved states: the saving forward's path, and the state-gradient
+/// schedule requested of kla_chunk_backward_saved_as (AUTO: kla_chunk_backward_saved).
+struct SavedRun {
+  kla_path path;
+  kla_state_grad state_grad;
+};
+/// ", the scan requested" / ", the chain requested" ("" for AUTO).
+std::string saved_label(const SavedRun& r) {
+  return r.state_grad == KLA_STATE_GRAD_SCAN    ? ", the scan requested"
+         : r.state_grad == KLA_STATE_GRAD_CHAIN ? ", the chain requested"
+                                                : "";
+}
+/// The run's column in the printed table.
+const char* saved_tag(const SavedRun& r) {
+  const bool t = r.path == KLA_PATH_WY_TRANSPOSED;
+  switch (r.state_grad) {
+    case KLA_STATE_GRAD_SCAN: return t ? " saved-T/scan " : " saved-WY/scan";
+    case KLA_STATE_GRAD_CHAIN: return t ? " saved-T/chain" : " saved-WY/chn ";
+    default: return t ? " saved-T      " : " saved-WY     ";
+  }
+}
+
 /// Runs every case of a dtype on the device in arithmetic `arith`, then the reference of all their
-/// heads at once (on every CPU core, the longest heads first), and compares. `saving_paths`, if
-/// any: the cases at K = V = 128 alone, each through kla_chunk_forward_saving on each of these
-/// forward paths and kla_chunk_backward_saved (bf16 FAST: the only calls that save), held to the
-/// same bounds as the backward that recomputes. Both scans round the saved S and U to bf16 as the
-/// backward's state scan does; the WY scan forms them from products at least as fine as that
+/// heads at once (on every CPU core, the longest heads first), and compares. `saved_runs`, if
+/// any: the cases at K = V = 128 alone, each through kla_chunk_forward_saving on each run's
+/// forward path and the saved backward on its schedule (bf16 FAST: the only calls that save), held
+/// to the same bounds as the backward that recomputes. Both scans round the saved S and U to bf16
+/// as the backward's state scan does; the WY scan forms them from products at least as fine as that
 /// scan's, the transposed scan's FAST K S takes S as one bf16 part (coarser), so for its states
 /// the bounds are measured to hold, not implied (docs/accuracy.md, 'From saved states').
 void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITHMETIC_ACCURATE,
-                                  const std::vector<kla_path>& saving_paths = {}) {
-  const bool from_saved = !saving_paths.empty();
+                                  const std::vector<SavedRun>& saved_runs = {}) {
+  const bool from_saved = !saved_runs.empty();
   std::printf("kla backward %s %s%s: base seed %llu\n", dtype_name(dt), arithmetic_name(arith),
               from_saved ? " from saved states" : "", static_cast<unsigned long long>(base_seed()));
   std::vector<Problem> problems;
@@ -858,7 +885,7 @@ void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITH
   if (from_saved)
     for (const Case& k : long_saved_cases()) problems.push_back(make_problem(k));
   // got[i][r]: problem i's gradients from run r (the plain backward, or one a saving path).
-  const std::size_t runs = from_saved ? saving_paths.size() : 1;
+  const std::size_t runs = from_saved ? saved_runs.size() : 1;
   std::vector<std::vector<Gradients>> got(problems.size(), std::vector<Gradients>(runs));
   std::vector<bool> padding_ok(problems.size(), true);
   for (std::size_t i = 0; i < problems.size(); ++i) {
@@ -867,7 +894,9 @@ void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITH
       bool ok = true;
       got[i][r] = gather_outputs(
           problems[i],
-          from_saved ? dev.run_saved(dev.params(), saving_paths[r]) : dev.run(dev.params()), ok);
+          from_saved ? dev.run_saved(dev.params(), saved_runs[r].path, saved_runs[r].state_grad)
+                     : dev.run(dev.params()),
+          ok);
       padding_ok[i] = padding_ok[i] && ok;
     }
   }
@@ -899,7 +928,8 @@ void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITH
     const Gradients ref = assemble_reference(p, heads[i]);
     for (std::size_t r = 0; r < runs; ++r) {
       const std::string what = describe(p) + (from_saved ? std::string(", saved by path ") +
-                                                               kla_path_name(saving_paths[r])
+                                                               kla_path_name(saved_runs[r].path) +
+                                                               saved_label(saved_runs[r])
                                                          : std::string());
       if (r == 0) {  // the padding check once a problem (padding_ok gathers every run)
         EXPECT_TRUE(padding_ok[i])
@@ -924,9 +954,8 @@ void expect_cases_match_reference(kla_dtype dt, kla_arithmetic arith = KLA_ARITH
         std::printf(
             "  %-32s %-4s %-4s %-8s%s rel-RMS %.3e  bound %.3e  rd %.3e  n_h %d  G_max %.3g%s%s\n",
             p.c.name.c_str(), dtype_name(dt), kGradNames[g], arithmetic_name(arith),
-            from_saved ? (saving_paths[r] == KLA_PATH_WY_TRANSPOSED ? " saved-T " : " saved-WY")
-                       : "",
-            rel, bound, rounding_cost(in_dtype ? dt : KLA_DTYPE_FP32, ref[g]),
+            from_saved ? saved_tag(saved_runs[r]) : "", rel, bound,
+            rounding_cost(in_dtype ? dt : KLA_DTYPE_FP32, ref[g]),
             std::max(1, (p.d.cfg.longest() + kChunkLen - 1) / kChunkLen), p.g_max,
             ref_zero ? "  (ref 0: exact 0)" : "", ok ? "" : "  FAIL");
         EXPECT_LE(rel, bound) << kGradNames[g] << " of " << what
@@ -966,16 +995,21 @@ TEST(CudaBackward, FastBf16AgainstMpfr) {
 
 /// The backward from the forward's saved states (kla.h "Saved states"): every K = V = 128 case
 /// of FastBf16AgainstMpfr (dense and packed, grouped value heads up to 4, 16 value heads, with and
-/// without an initial state and dS_T) and the long cases of long_saved_cases (on an sm_90 device
-/// the state-gradient chain runs as segments: certified warm-up windows, and heads left whole to
-/// the scan), saved by each saving scan (WY at 32 columns, and the transposed scan), the same
-/// bounds. The kernel mutant bwd_chain_no_warmup (segments started at their own end) fails here.
-/// The kernel mutants saved_u_update_scaled and saved_u_update_scaled_transposed (a scan's saved U
-/// scaled by the update factors) each fail here, in that scan's runs.
+/// without an initial state and dS_T) and the long cases of long_saved_cases, saved by each saving
+/// scan (WY at 32 columns, and the transposed scan), the same bounds, each on two state-gradient
+/// schedules: AUTO (on an sm_90 device the chain as segments: certified warm-up windows, and heads
+/// left whole to the scan) and the scan requested (kla_chunk_backward_saved_as), which on any
+/// device runs the prep beside the scan where its blocks are one wave (most cases here) and before
+/// it elsewhere. The kernel mutant bwd_chain_no_warmup (segments started at their own end) fails
+/// here. The kernel mutants saved_u_update_scaled and saved_u_update_scaled_transposed (a scan's
+/// saved U scaled by the update factors) each fail here, in that scan's runs.
 TEST(CudaBackward, FastBf16FromSavedStatesAgainstMpfr) {
   KLA_REQUIRE_GPU();
   expect_cases_match_reference(KLA_DTYPE_BF16, KLA_ARITHMETIC_FAST,
-                               {KLA_PATH_WY, KLA_PATH_WY_TRANSPOSED});
+                               {{KLA_PATH_WY, KLA_STATE_GRAD_AUTO},
+                                {KLA_PATH_WY_TRANSPOSED, KLA_STATE_GRAD_AUTO},
+                                {KLA_PATH_WY, KLA_STATE_GRAD_SCAN},
+                                {KLA_PATH_WY_TRANSPOSED, KLA_STATE_GRAD_SCAN}});
 }
 
 /// The saving forward is a forward scan with stores added: on path `saving` (AUTO: the plan's
@@ -1322,25 +1356,22 @@ TEST(CudaBackward, GraphReplayMatchesDirectCall) {
       }
 }
 
-/// The saved backward (kla_chunk_backward_saved) where its prep runs beside the state-gradient
-/// scan (bwd_saved_prep_beside_scan: one wave of scan blocks, here 2 sequences x 16 value heads x
-/// 4 slices = 128, on a device of at least that many multiprocessors; on an sm_90 device running
-/// the sm_90a image the segmented chain runs instead, bwd/bwd_state_grad_segments.cuh: its windows
-/// kernel, its segments (here one a sequence) and the scan's leaving blocks are then the calls
-/// captured), captured in a CUDA graph on
-/// a non-blocking stream and replayed, equals the direct call bit for bit, replay after replay,
-/// with the workspace and the outputs poisoned (NaN) before each: the records' ready flags and the
-/// schedule's counters are zeroed inside the graph (memset nodes), the scan waits for every record
-/// it copies, and the programmatic edge is kept. The same call where the scan is more than one
-/// wave (3 sequences: the prep before the scan) is checked against MPFR by
-/// FastBf16FromSavedStatesAgainstMpfr (case varlen_k128_heads16_qnorm), as the one-wave calls
-/// there. The kernel mutant bwd_scan_ready_ignored (the scan copies without waiting for the
-/// flags) fails here and there (the workspace's NaN reaches the gradients).
+/// The saved backward where its prep runs beside the state-gradient scan (the scan requested,
+/// kla_chunk_backward_saved_as; bwd_saved_prep_beside_scan: one wave of scan blocks, here 2
+/// sequences x 16 value heads x 4 slices = 128, on a device of at least that many
+/// multiprocessors), and the same call on AUTO's schedule (kla_chunk_backward_saved: on an sm_90
+/// device running the sm_90a image the segmented chain, bwd/bwd_state_grad_segments.cuh, its
+/// windows kernel, its segments, here one a sequence, and the scan's leaving blocks), each
+/// captured in a CUDA graph on a non-blocking stream and replayed, equals its direct call bit for
+/// bit, replay after replay, with the workspace and the outputs poisoned (NaN) before each: the
+/// records' ready flags and the schedule's counters are zeroed inside the graph (memset nodes),
+/// the scan waits for every record it copies, and the programmatic edge is kept. The same call
+/// where the scan is more than one wave (3 sequences: the prep before the scan) is checked against
+/// MPFR by FastBf16FromSavedStatesAgainstMpfr (case varlen_k128_heads16_qnorm), as the one-wave
+/// calls there. The kernel mutant bwd_scan_ready_ignored (the scan copies without waiting for the
+/// flags) fails here (the workspace's NaN reaches the gradients).
 TEST(CudaBackward, SavedBesidePrepGraphReplayMatchesDirectCall) {
   KLA_REQUIRE_GPU();
-  int dev_id = 0, sms = 0;
-  KLA_CUDA_CHECK(cudaGetDevice(&dev_id));
-  KLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
   Case k = contract_case(KLA_DTYPE_BF16, 6);
   k.arithmetic = KLA_ARITHMETIC_FAST;
   k.cfg.H = 4, k.cfg.HV = 16;
@@ -1348,29 +1379,39 @@ TEST(CudaBackward, SavedBesidePrepGraphReplayMatchesDirectCall) {
   k.cfg.T = 1300;
   k.cfg.cu_seqlens = {0, 500, 1300};  // 8 and 13 chunks, ragged last chunks
   k.cfg.seed = base_seed() + 9500;
-  if (!kla::layout::bwd_saved_prep_beside_scan(true, true, true, 13, 2, 16, 128, sms))
-    GTEST_SKIP() << "the scan's 128 blocks are more than one wave on " << sms
-                 << " multiprocessors: the prep runs before it there";
   const Problem p = make_problem(k);
   DeviceBackward dev(p);
   const kla_backward_params bp = dev.params();
-  const auto direct = dev.run_saved(bp, KLA_PATH_WY);
-  const void* saved = dev.saved_buffer();
-  const std::size_t saved_bytes = kla_saved_states_size(&bp.forward);
-  ASSERT_GT(saved_bytes, 0u) << kla_last_error_message();
-  // Every requested gradient finite (no padding here: every element is written), so that the
-  // bitwise comparisons below cannot pass on NaN read from the poisoned workspace.
-  for (int g = 0; g < kGrads; ++g) {
-    if (!requested(p, Grad(g))) continue;
-    const kla_dtype dt = g == kDq || g == kDk || g == kDv ? k.cfg.dtype : KLA_DTYPE_FP32;
-    const std::vector<float> x = decode(dt, direct[g].data(), direct[g].size() / dtype_size(dt));
-    EXPECT_EQ(std::count_if(x.begin(), x.end(), [](float v) { return !std::isfinite(v); }), 0)
-        << kGradNames[g] << ": elements not finite " << rerun_hint();
+  kla_backward_plan plan;
+  ASSERT_EQ(kla_plan_chunk_backward_saved(&bp, KLA_STATE_GRAD_SCAN, 0, &plan), KLA_SUCCESS)
+      << kla_last_error_message();
+  if (!plan.prep_beside)
+    GTEST_SKIP() << "the scan's 128 blocks are more than one wave here: " << plan.reason;
+  for (kla_state_grad sg : {KLA_STATE_GRAD_SCAN, KLA_STATE_GRAD_AUTO}) {
+    ASSERT_EQ(kla_plan_chunk_backward_saved(&bp, sg, 0, &plan), KLA_SUCCESS)
+        << kla_last_error_message();
+    const std::string what = std::string("the saved backward, ") + plan.reason;
+    SCOPED_TRACE(what);
+    const auto direct = dev.run_saved(bp, KLA_PATH_WY, sg);
+    const void* saved = dev.saved_buffer();
+    const std::size_t saved_bytes = kla_saved_states_size(&bp.forward);
+    ASSERT_GT(saved_bytes, 0u) << kla_last_error_message();
+    // Every requested gradient finite (no padding here: every element is written), so that the
+    // bitwise comparisons below cannot pass on NaN read from the poisoned workspace.
+    for (int g = 0; g < kGrads; ++g) {
+      if (!requested(p, Grad(g))) continue;
+      const kla_dtype dt = g == kDq || g == kDk || g == kDv ? k.cfg.dtype : KLA_DTYPE_FP32;
+      const std::vector<float> x = decode(dt, direct[g].data(), direct[g].size() / dtype_size(dt));
+      EXPECT_EQ(std::count_if(x.begin(), x.end(), [](float v) { return !std::isfinite(v); }), 0)
+          << kGradNames[g] << ": elements not finite " << rerun_hint();
+    }
+    expect_replays_match_direct_call(
+        dev, direct,
+        [&](cudaStream_t s) {
+          return kla_chunk_backward_saved_as(&bp, saved, saved_bytes, sg, 0, s);
+        },
+        true, what);
   }
-  expect_replays_match_direct_call(
-      dev, direct,
-      [&](cudaStream_t s) { return kla_chunk_backward_saved(&bp, saved, saved_bytes, s); }, true,
-      "the saved backward, its prep beside the scan");
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kla/kla.h"
@@ -713,6 +715,16 @@ TEST(Validate, SavedStatesEntriesRefuseBadBuffers) {
          "kla_chunk_backward_saved: saved is NULL");
   expect(kla_chunk_backward_saved(&bp, saved.data(), need - 16, nullptr), KLA_ERROR_INVALID_SIZE,
          "kla_saved_states_size");
+  // The schedule request is checked before any device query too.
+  kla_state_grad bad_request;
+  const int seven = 7;
+  std::memcpy(&bad_request, &seven, sizeof bad_request);
+  expect(kla_chunk_backward_saved_as(&bp, saved.data(), need, bad_request, 0, nullptr),
+         KLA_ERROR_INVALID_VALUE, "kla_chunk_backward_saved_as: state_grad = 7 is not");
+  expect(kla_chunk_backward_saved_as(&bp, saved.data(), need, KLA_STATE_GRAD_SCAN, 32, nullptr),
+         KLA_ERROR_INVALID_VALUE, "chain_segment = 32 needs state_grad CHAIN");
+  expect(kla_chunk_backward_saved_as(&bp, nullptr, need, KLA_STATE_GRAD_AUTO, 0, nullptr),
+         KLA_ERROR_NULL_POINTER, "kla_chunk_backward_saved_as: saved is NULL");
   EXPECT_TRUE(f.untouched());
   auto all = [](const std::vector<float>& x, float value) {
     for (float e : x)
@@ -721,6 +733,160 @@ TEST(Validate, SavedStatesEntriesRefuseBadBuffers) {
   };
   EXPECT_TRUE(all(saved, 12345.0f));
   for (const auto* x : {&dq, &dk, &dv, &dg, &deta}) EXPECT_TRUE(all(*x, 777.0f));
+}
+#endif
+
+#ifdef KLA_TEST_WITH_CUDA
+/// A saved backward's params (bf16 FAST, K = V = 128, no decay or eta given) of H key heads and HV
+/// value heads over the packed sequences `cu`, its tensors at made-up, disjoint, aligned device
+/// addresses: the planners read the sizes and cu_seqlens_host, never the tensors.
+struct PlanProblem {
+  std::vector<int32_t> cu;
+  kla_backward_params bp;
+  PlanProblem(std::vector<int32_t> cu_in, int heads, int heads_v) : cu(std::move(cu_in)) {
+    constexpr int D = 128;
+    const int64_t tokens = cu.back();
+    std::uintptr_t next = std::uintptr_t(1) << 44;
+    auto at = [&next]() {  // 64 GiB apart: more than any tensor here
+      const std::uintptr_t a = next;
+      next += std::uintptr_t(1) << 36;
+      return reinterpret_cast<void*>(a);
+    };
+    kla_backward_params_init(&bp);
+    kla_params& f = bp.forward;
+    f.dtype = KLA_DTYPE_BF16, f.arithmetic = KLA_ARITHMETIC_FAST;
+    f.batch = 1, f.seq_len = tokens, f.num_heads = heads, f.num_v_heads = heads_v;
+    f.head_dim_k = f.head_dim_v = D;
+    f.q = at(), f.k = at(), f.v = at();
+    const int64_t qs[3] = {tokens * heads * D, heads * D, D},
+                  vs[3] = {tokens * heads_v * D, heads_v * D, D};
+    for (int i = 0; i < 3; ++i) {
+      f.q_strides[i] = f.k_strides[i] = bp.dq_strides[i] = bp.dk_strides[i] = qs[i];
+      f.v_strides[i] = f.o_strides[i] = bp.d_o_strides[i] = bp.dv_strides[i] = vs[i];
+    }
+    f.cu_seqlens = static_cast<const int32_t*>(at());
+    f.cu_seqlens_host = cu.data();
+    f.num_seqs = int64_t(cu.size()) - 1;
+    bp.d_o = at(), bp.dq = at(), bp.dk = at(), bp.dv = at();
+    bp.workspace = at();
+    bp.workspace_size = kla_backward_workspace_size(&bp);
+  }
+};
+
+/// kla_plan_chunk_backward_saved_for (no GPU needed): what AUTO picks for issue 25's rows on an
+/// H100 / H200, each request honoured or refused with the reason, and a refusal writes no plan.
+TEST(Validate, SavedBackwardPlan) {
+  constexpr kla_device_info kA100{8, 0, 108, 232448, 1};  // an sm_80 device, shared memory ample
+  constexpr kla_device_info kH100Pcie{9, 0, 114, 232448, 1};
+  kla_backward_plan plan;
+  auto message = [] { return std::string(kla_last_error_message()); };
+  PlanProblem long_one({0, 32768}, 16, 32), short_one({0, 8192}, 16, 32);
+  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&long_one.bp, &kH200, KLA_STATE_GRAD_AUTO, 0, &plan),
+            KLA_SUCCESS)
+      << message();
+  if (plan.state_grad == KLA_STATE_GRAD_SCAN) {  // a build without an sm_90a image: no chain
+    EXPECT_NE(std::string(plan.reason).find("built without sm_90a kernels"), std::string::npos)
+        << plan.reason;
+    GTEST_SKIP() << "this library has no sm_90a image, so the chain never runs: " << plan.reason;
+  }
+  // The segments bwd_chain_segment's static_assert names (measured best on an H200).
+  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_CHAIN);
+  EXPECT_EQ(plan.chain_segment, 128);
+  EXPECT_EQ(plan.prep_beside, 0);
+  EXPECT_NE(std::string(plan.reason).find("chain: segments of 128 chunks (the model"),
+            std::string::npos)
+      << plan.reason;
+  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&short_one.bp, &kH200, KLA_STATE_GRAD_AUTO, 0, &plan),
+            KLA_SUCCESS)
+      << message();
+  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_CHAIN);
+  EXPECT_EQ(plan.chain_segment, 32);
+  // A segment requested.
+  ASSERT_EQ(
+      kla_plan_chunk_backward_saved_for(&short_one.bp, &kH200, KLA_STATE_GRAD_CHAIN, 8, &plan),
+      KLA_SUCCESS)
+      << message();
+  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_CHAIN);
+  EXPECT_EQ(plan.chain_segment, 8);
+  EXPECT_NE(std::string(plan.reason).find("(requested)"), std::string::npos) << plan.reason;
+  // The scan requested: 1 x 32 x 4 = 128 scan blocks are one wave on 132 multiprocessors (the
+  // prep beside the scan), not on 114 (the prep before it); 64 value heads are two waves.
+  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&short_one.bp, &kH200, KLA_STATE_GRAD_SCAN, 0, &plan),
+            KLA_SUCCESS)
+      << message();
+  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_SCAN);
+  EXPECT_EQ(plan.chain_segment, 0);
+  EXPECT_EQ(plan.prep_beside, 1);
+  EXPECT_NE(std::string(plan.reason).find("scan, the prep beside it (128 scan blocks on 132"),
+            std::string::npos)
+      << plan.reason;
+  ASSERT_EQ(
+      kla_plan_chunk_backward_saved_for(&short_one.bp, &kH100Pcie, KLA_STATE_GRAD_SCAN, 0, &plan),
+      KLA_SUCCESS)
+      << message();
+  EXPECT_EQ(plan.prep_beside, 0);
+  PlanProblem wide({0, 8192}, 16, 64);
+  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&wide.bp, &kH200, KLA_STATE_GRAD_SCAN, 0, &plan),
+            KLA_SUCCESS)
+      << message();
+  EXPECT_EQ(plan.prep_beside, 0);
+  // Not an sm_90 device: AUTO takes the scan and says why; CHAIN is refused.
+  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&long_one.bp, &kA100, KLA_STATE_GRAD_AUTO, 0, &plan),
+            KLA_SUCCESS)
+      << message();
+  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_SCAN);
+  EXPECT_NE(std::string(plan.reason).find("the chain declined: the chain is sm_90a code"),
+            std::string::npos)
+      << plan.reason;
+
+  struct Refusal {
+    const char* what;
+    PlanProblem* problem;
+    const kla_device_info* device;
+    int state_grad;
+    int32_t segment;
+    bool null_plan;
+    kla_status status;
+    const char* needle;
+  };
+  PlanProblem fp32({0, 8192}, 16, 32);
+  fp32.bp.forward.dtype = KLA_DTYPE_FP32;
+  const Refusal refusals[] = {
+      {"CHAIN on sm_80", &long_one, &kA100, KLA_STATE_GRAD_CHAIN, 0, false,
+       KLA_ERROR_UNSUPPORTED_PATH, "state_grad CHAIN cannot run: the chain is sm_90a code"},
+      {"no such state_grad", &long_one, &kH200, 7, 0, false, KLA_ERROR_INVALID_VALUE,
+       "state_grad = 7 is not a kla_state_grad"},
+      {"a segment not a power of two", &long_one, &kH200, KLA_STATE_GRAD_CHAIN, 12, false,
+       KLA_ERROR_INVALID_VALUE, "chain_segment = 12 is not 0 or a power of two from 8 to 128"},
+      {"a segment too long", &long_one, &kH200, KLA_STATE_GRAD_CHAIN, 256, false,
+       KLA_ERROR_INVALID_VALUE, "chain_segment = 256"},
+      {"a segment too short", &long_one, &kH200, KLA_STATE_GRAD_CHAIN, 4, false,
+       KLA_ERROR_INVALID_VALUE, "chain_segment = 4"},
+      {"a segment with SCAN", &long_one, &kH200, KLA_STATE_GRAD_SCAN, 16, false,
+       KLA_ERROR_INVALID_VALUE, "chain_segment = 16 needs state_grad CHAIN"},
+      {"a segment with AUTO", &long_one, &kH200, KLA_STATE_GRAD_AUTO, 16, false,
+       KLA_ERROR_INVALID_VALUE, "needs state_grad CHAIN"},
+      {"no plan", &long_one, &kH200, KLA_STATE_GRAD_AUTO, 0, true, KLA_ERROR_NULL_POINTER,
+       "plan is NULL"},
+      {"no device", &long_one, nullptr, KLA_STATE_GRAD_AUTO, 0, false, KLA_ERROR_NULL_POINTER,
+       "device is NULL"},
+      {"a call that cannot save", &fp32, &kH200, KLA_STATE_GRAD_AUTO, 0, false,
+       KLA_ERROR_UNSUPPORTED_PATH, "cannot use saved states: only bf16 calls save"},
+  };
+  for (const Refusal& r : refusals) {
+    kla_backward_plan untouched;
+    std::memset(&plan, 0x5A, sizeof plan);
+    std::memset(&untouched, 0x5A, sizeof untouched);
+    kla_state_grad sg;
+    std::memcpy(&sg, &r.state_grad, sizeof sg);  // any int a C caller passes
+    EXPECT_EQ(kla_plan_chunk_backward_saved_for(&r.problem->bp, r.device, sg, r.segment,
+                                                r.null_plan ? nullptr : &plan),
+              r.status)
+        << r.what << ": " << message();
+    EXPECT_NE(message().find(r.needle), std::string::npos)
+        << r.what << ": message '" << message() << "' does not name '" << r.needle << "'";
+    EXPECT_EQ(std::memcmp(&plan, &untouched, sizeof plan), 0) << r.what << ": wrote the plan";
+  }
 }
 #endif
 

@@ -183,3 +183,44 @@ def test_saved_states_size_of_unusable_params_is_zero(saving_lib):
     p, _ = _saving_params(saving_lib)
     p.struct_size = 8
     assert _saved_size(saving_lib, p)[0] == 0
+
+
+# ---- the saved backward's state-gradient schedule (kla.h kla_state_grad), planned on the CPU ---
+def _saved_backward_params(lib, **kw):
+    p, t = _saving_params(lib, **kw)
+    bp = lib.backward_params()
+    bp.forward = p
+    t.update(do=torch.zeros_like(t["v"]), dq=torch.zeros_like(t["q"]),
+             dk=torch.zeros_like(t["k"]), dv=torch.zeros_like(t["v"]))
+    P.fill_backward(bp, t["do"], t["dq"], t["dk"], t["dv"], dg=torch.zeros_like(t["g"]),
+                    deta=torch.zeros_like(t["eta"]))
+    t["dg"], t["deta"] = bp.dg, bp.deta
+    size = lib.backward_workspace_size(ctypes.byref(bp))
+    t["ws"] = torch.zeros(size // 4 + 4)
+    bp.workspace, bp.workspace_size = t["ws"].data_ptr(), size
+    return bp, t
+
+
+def test_the_saved_backward_plan_on_a_described_gpu(saving_lib):
+    """Library.plan_backward_saved (kla_plan_chunk_backward_saved_for: no GPU needed) on an H100:
+    the chain where AUTO can run it (this build has an sm_90a image, or the reason says it has
+    not), the scan on request with its prep beside it (4 value heads x 4 slices: one wave), and a
+    request the device cannot run refused with the reason. tests/cuda/test_validate.cpp checks
+    the plans of issue 25's rows."""
+    import kla
+    from kla._lib import KlaError
+    bp, _ = _saved_backward_params(saving_lib, T=1000)
+    plan = saving_lib.plan_backward_saved(bp, device=kla.H100._c())
+    if plan.state_grad == P.STATE_GRAD_SCAN:
+        assert b"built without sm_90a kernels" in plan.reason, plan.reason
+    else:
+        assert plan.state_grad == P.STATE_GRAD_CHAIN and plan.chain_segment in P.CHAIN_SEGMENTS
+        assert plan.reason.startswith(b"chain: segments of"), plan.reason
+    plan = saving_lib.plan_backward_saved(bp, P.STATE_GRAD_SCAN, device=kla.H100._c())
+    assert (plan.state_grad, plan.chain_segment, plan.prep_beside) == (P.STATE_GRAD_SCAN, 0, 1)
+    assert b"scan, the prep beside it (16 scan blocks on 132" in plan.reason, plan.reason
+    sm80 = kla.DeviceInfo((8, 0), 108, 232448)._c()  # shared memory ample: refused for the chain
+    with pytest.raises(KlaError, match="state_grad CHAIN cannot run: the chain is sm_90a code"):
+        saving_lib.plan_backward_saved(bp, P.STATE_GRAD_CHAIN, device=sm80)
+    with pytest.raises(KlaError, match="chain_segment = 12 is not 0 or a power of two"):
+        saving_lib.plan_backward_saved(bp, P.STATE_GRAD_CHAIN, 12, device=kla.H100._c())

@@ -887,8 +887,8 @@ def _recorded_launches(monkeypatch):
     launch, launch_backward = ops.launch, ops.launch_backward
     monkeypatch.setattr(ops, "launch", lambda kind, *a, **kw: log.append(kind) or
                         launch(kind, *a, **kw))
-    monkeypatch.setattr(ops, "launch_backward", lambda *a, saved=None: log.append(
-        "bwd_saved" if saved is not None else "bwd") or launch_backward(*a, saved=saved))
+    monkeypatch.setattr(ops, "launch_backward", lambda *a, saved=None, **kw: log.append(
+        "bwd_saved" if saved is not None else "bwd") or launch_backward(*a, saved=saved, **kw))
     return log
 
 
@@ -966,6 +966,36 @@ def test_save_states_gradients_meet_the_fast_contract(fn, layout, path, monkeypa
         assert ea <= bound, f"{name}: saved states {ea:.3e} > {bound:.3e}"
         assert eb <= bound, f"{name}: recomputed {eb:.3e} > {bound:.3e}"
         assert d <= bound, f"{name}: saved vs recomputed {d:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("layout", SAVE_LAYOUTS)
+def test_save_states_schedules_meet_the_fast_contract(layout):
+    """The saved backward on each state-gradient schedule (state_grad / chain_segment: kla.h
+    kla_state_grad): the scan, the chain at the library's segment and at 8 chunks, each within the
+    FAST bf16 kernels' bound of the float64 gradients; 'auto' bitwise the schedule its plan names
+    (the chain at its segment on a sm_90a GPU)."""
+    _needs_saving_device()
+    xs, cu, do, dht, n_h = _save_problem(layout, seed=130)
+
+    def grads(**schedule):
+        leaves = [x.clone().requires_grad_(True) for x in xs]
+        o, final = _save_call("chunk_kla", leaves, cu, save_states=True, **schedule)
+        torch.autograd.backward((o, final), (do, dht))
+        return [x.grad for x in leaves]
+
+    want = gradients(*xs, do, dht, cu_seqlens=cu, eps=1e-6, coefficient="kaczmarz",
+                     readout="qk_l2norm")
+    runs = {"scan": grads(state_grad="scan"), "chain": grads(state_grad="chain"),
+            "chain8": grads(state_grad="chain", chain_segment=8), "auto": grads()}
+    for sched, got in runs.items():
+        for name, a, ref in zip(GRAD_NAMES, got, want):
+            assert a is not None and torch.isfinite(a).all(), (sched, name)
+            bound = fast_bf16_bound(name, ref, n_h)
+            e = rel_rms(a, ref)
+            print(f"save_states schedule {sched} {layout} {name}: {e:.3e} (bound {bound:.3e})")
+            assert e <= bound, f"{sched} {name}: {e:.3e} > {bound:.3e}"
+    for name, a, b in zip(GRAD_NAMES, runs["auto"], runs["chain"]):
+        assert torch.equal(a, b), f"{name}: 'auto' is not the chain at the library's segment"
 
 
 def test_save_states_under_torch_compile(monkeypatch):

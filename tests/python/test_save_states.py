@@ -298,6 +298,68 @@ def test_the_library_refusing_to_save_is_a_value_error(launched_saving):
     assert launched_saving.calls == []
 
 
+# ---- the saved backward's state-gradient schedule (state_grad, chain_segment) -------------------
+@pytest.mark.parametrize("kw,match", [
+    ({"state_grad": "fastest"}, r"state_grad must be one of \['auto', 'chain', 'scan'\]"),
+    ({"state_grad": 2}, "state_grad must be one of"),
+    ({"state_grad": "chain", "chain_segment": 12}, r"chain_segment must be 0 \(the plan's "
+                                                   r"choice\) or one of \(8, 16, 32, 64, 128\)"),
+    ({"state_grad": "chain", "chain_segment": 256}, "chain_segment must be 0"),
+    ({"state_grad": "chain", "chain_segment": True}, "chain_segment must be 0"),
+    ({"state_grad": "chain", "chain_segment": 16.0}, "chain_segment must be 0"),
+    ({"state_grad": "scan", "chain_segment": 16}, "chain_segment=16 needs state_grad='chain'"),
+    ({"chain_segment": 32}, "chain_segment=32 needs state_grad='chain'"),
+])
+@pytest.mark.parametrize("fn", FNS)
+def test_a_bad_schedule_is_refused_by_name(fn, kw, match):
+    with pytest.raises(ValueError, match=match):
+        call(fn, *inputs(), save_states=True, **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+@pytest.mark.parametrize("kw", [{"state_grad": "scan"}, {"state_grad": "chain"},
+                                {"state_grad": "chain", "chain_segment": 8}])
+def test_a_schedule_needs_save_states(fn, kw):
+    """The schedule is the saved backward's: asked for without save_states=True, a ValueError
+    (never silently ignored)."""
+    with pytest.raises(ValueError, match="needs save_states=True"):
+        call(fn, *inputs(), **kw)
+
+
+@pytest.mark.parametrize("fn", FNS)
+@pytest.mark.parametrize("kw,want", [
+    ({"state_grad": "scan"}, (P.STATE_GRAD_SCAN, 0)),
+    ({"state_grad": "chain"}, (P.STATE_GRAD_CHAIN, 0)),
+    ({"state_grad": "chain", "chain_segment": 16}, (P.STATE_GRAD_CHAIN, 16)),
+])
+def test_the_schedule_reaches_the_backward(launched_saving, fn, kw, want):
+    """Through the ops: the forward is the same saving call, and the backward runs
+    kla_chunk_backward_saved_as on that buffer with the schedule asked for (the default, AUTO,
+    runs kla_chunk_backward_saved: test_saving_calls_pass_the_saved_states_from_forward_to_
+    backward)."""
+    q, k, v, g, beta = _cpu_inputs()
+    o, s = call(fn, q, k, v, g, beta, output_final_state=True, save_states=True, **kw)
+    name, _ = launched_saving.calls[-1]
+    assert name == "kla_chunk_forward_saving"
+    (_, (ptr, size)), = launched_saving.extra
+    (o.float().sum() + s.sum()).backward()
+    assert launched_saving.extra[-1] == ("kla_chunk_backward_saved_as", (ptr, size) + want)
+    assert len(launched_saving.calls) == 2
+
+
+def test_eager_autograd_saving_passes_the_schedule(launched_saving):
+    """ops.EagerAutogradSaving (plain eager CUDA calls' path): the schedule, the saving op's last
+    two arguments, reaches the backward's implementation."""
+    q, k, v, g, beta = _cpu_inputs()
+    args = (q, k, v, g, beta, None, None, None, 0.125, 0.0, 1.0, P.COEFF_GIVEN,
+            P.READOUT_QK_L2NORM, False, P.ARITHMETIC_FAST, P.PATH_WY, 32, 1,
+            P.STATE_GRAD_CHAIN, 64)
+    o, s, saved = ops.chunk_fwd_saving_autograd(*args)
+    o.float().sum().backward()
+    assert launched_saving.extra[-1] == ("kla_chunk_backward_saved_as",
+                                         (saved.data_ptr(), saved.numel(), P.STATE_GRAD_CHAIN, 64))
+
+
 @pytest.mark.parametrize("op", ["fwd", "bwd"])
 def test_opcheck(launched_saving, op):
     """torch.library.opcheck's schema / fake / autograd-registration checks of the two ops, the

@@ -376,6 +376,47 @@ KLA_API kla_status kla_chunk_forward_saving(const kla_params* p, void* saved, si
  * p->forward nonzero). */
 KLA_API kla_status kla_chunk_backward_saved(const kla_backward_params* p, const void* saved,
                                             size_t saved_size, kla_stream_t stream);
+/* How the saved backward forms the state gradient dS at every chunk boundary (docs/architecture.md
+ * "Backward"): both give the same gradients' contract, by different schedules.
+ *   SCAN:  one sequential scan a (sequence, value head, 32 value columns), the last chunk first;
+ *          the prep runs before it, or beside it where the scan's blocks are one wave.
+ *   CHAIN: each sequence cut into segments of chain_segment chunks (8, 16, 32, 64 or 128) run in
+ *          parallel, each started from zero a certified warm-up window past its end (the decay
+ *          forgets the start below the contract's rounding); a head whose window cannot be
+ *          certified is left to the scan. sm_90a only (a 9.0 device and this build's sm_90a
+ *          image).
+ *   AUTO:  CHAIN where it can run, at the segment a model of its time picks; else SCAN.
+ * New in ABI 5 after the saved states (as they are): a library without these symbols runs AUTO. */
+typedef enum kla_state_grad {
+  KLA_STATE_GRAD_AUTO = 0,
+  KLA_STATE_GRAD_SCAN = 1,
+  KLA_STATE_GRAD_CHAIN = 2
+} kla_state_grad;
+/* What kla_chunk_backward_saved_as would run (kla_plan_chunk_backward_saved). */
+typedef struct kla_backward_plan {
+  kla_state_grad state_grad; /* SCAN or CHAIN, never AUTO */
+  int32_t chain_segment;     /* CHAIN: chunks a segment; SCAN: 0 */
+  int32_t prep_beside;       /* SCAN: 1 where the prep runs beside the scan; CHAIN: 0 */
+  char reason[256];          /* why this schedule; for AUTO choosing SCAN, why CHAIN declined */
+} kla_backward_plan;
+/* The plan of the saved backward for p on the current device (or `device`: no GPU needed), with
+ * state_grad and chain_segment (0 = the plan's choice; nonzero needs CHAIN) as requested. A
+ * request that cannot run is KLA_ERROR_UNSUPPORTED_PATH saying why; a value outside the enum or
+ * the segments above, KLA_ERROR_INVALID_VALUE. p is validated as by kla_validate_backward, and
+ * p->forward must be a call that can save (kla_saved_states_size nonzero). */
+KLA_API kla_status kla_plan_chunk_backward_saved(const kla_backward_params* p,
+                                                 kla_state_grad state_grad, int32_t chain_segment,
+                                                 kla_backward_plan* plan);
+KLA_API kla_status kla_plan_chunk_backward_saved_for(const kla_backward_params* p,
+                                                     const kla_device_info* device,
+                                                     kla_state_grad state_grad,
+                                                     int32_t chain_segment,
+                                                     kla_backward_plan* plan);
+/* kla_chunk_backward_saved on the schedule requested (kla_chunk_backward_saved is this with AUTO
+ * and 0); refused, nothing written, where kla_plan_chunk_backward_saved refuses. */
+KLA_API kla_status kla_chunk_backward_saved_as(const kla_backward_params* p, const void* saved,
+                                               size_t saved_size, kla_state_grad state_grad,
+                                               int32_t chain_segment, kla_stream_t stream);
 
 KLA_API const char* kla_status_string(kla_status s);
 /* The message of the last failing call on this thread ("" if none). Valid until the next call
