@@ -780,6 +780,19 @@ TEST(Validate, SavedBackwardPlan) {
   constexpr kla_device_info kH100Pcie{9, 0, 114, 232448, 1};
   kla_backward_plan plan;
   auto message = [] { return std::string(kla_last_error_message()); };
+  // The plan of `pp` on `device` for a request: the schedule, segment and prep placement it names,
+  // and its reason containing `needle`.
+  auto expect_plan = [&](PlanProblem& pp, const kla_device_info& device, kla_state_grad request,
+                         int32_t segment, kla_state_grad state_grad, int32_t chain_segment,
+                         int32_t prep_beside, const std::string& needle) {
+    ASSERT_EQ(kla_plan_chunk_backward_saved_for(&pp.bp, &device, request, segment, &plan),
+              KLA_SUCCESS)
+        << message();
+    EXPECT_EQ(plan.state_grad, state_grad) << plan.reason;
+    EXPECT_EQ(plan.chain_segment, chain_segment) << plan.reason;
+    EXPECT_EQ(plan.prep_beside, prep_beside) << plan.reason;
+    EXPECT_NE(std::string(plan.reason).find(needle), std::string::npos) << plan.reason;
+  };
   PlanProblem long_one({0, 32768}, 16, 32), short_one({0, 8192}, 16, 32);
   ASSERT_EQ(kla_plan_chunk_backward_saved_for(&long_one.bp, &kH200, KLA_STATE_GRAD_AUTO, 0, &plan),
             KLA_SUCCESS)
@@ -790,54 +803,24 @@ TEST(Validate, SavedBackwardPlan) {
     GTEST_SKIP() << "this library has no sm_90a image, so the chain never runs: " << plan.reason;
   }
   // The segments bwd_chain_segment's static_assert names (measured best on an H200).
-  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_CHAIN);
-  EXPECT_EQ(plan.chain_segment, 128);
-  EXPECT_EQ(plan.prep_beside, 0);
-  EXPECT_NE(std::string(plan.reason).find("chain: segments of 128 chunks (the model"),
-            std::string::npos)
-      << plan.reason;
-  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&short_one.bp, &kH200, KLA_STATE_GRAD_AUTO, 0, &plan),
-            KLA_SUCCESS)
-      << message();
-  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_CHAIN);
-  EXPECT_EQ(plan.chain_segment, 32);
-  // A segment requested.
-  ASSERT_EQ(
-      kla_plan_chunk_backward_saved_for(&short_one.bp, &kH200, KLA_STATE_GRAD_CHAIN, 8, &plan),
-      KLA_SUCCESS)
-      << message();
-  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_CHAIN);
-  EXPECT_EQ(plan.chain_segment, 8);
-  EXPECT_NE(std::string(plan.reason).find("(requested)"), std::string::npos) << plan.reason;
+  expect_plan(long_one, kH200, KLA_STATE_GRAD_AUTO, 0, KLA_STATE_GRAD_CHAIN, 128, 0,
+              "chain: segments of 128 chunks (the model");
+  expect_plan(short_one, kH200, KLA_STATE_GRAD_AUTO, 0, KLA_STATE_GRAD_CHAIN, 32, 0,
+              "chain: segments of 32 chunks (the model");
+  expect_plan(short_one, kH200, KLA_STATE_GRAD_CHAIN, 0, KLA_STATE_GRAD_CHAIN, 32, 0, "(the model");
+  expect_plan(short_one, kH200, KLA_STATE_GRAD_CHAIN, 8, KLA_STATE_GRAD_CHAIN, 8, 0, "(requested)");
   // The scan requested: 1 x 32 x 4 = 128 scan blocks are one wave on 132 multiprocessors (the
   // prep beside the scan), not on 114 (the prep before it); 64 value heads are two waves.
-  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&short_one.bp, &kH200, KLA_STATE_GRAD_SCAN, 0, &plan),
-            KLA_SUCCESS)
-      << message();
-  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_SCAN);
-  EXPECT_EQ(plan.chain_segment, 0);
-  EXPECT_EQ(plan.prep_beside, 1);
-  EXPECT_NE(std::string(plan.reason).find("scan, the prep beside it (128 scan blocks on 132"),
-            std::string::npos)
-      << plan.reason;
-  ASSERT_EQ(
-      kla_plan_chunk_backward_saved_for(&short_one.bp, &kH100Pcie, KLA_STATE_GRAD_SCAN, 0, &plan),
-      KLA_SUCCESS)
-      << message();
-  EXPECT_EQ(plan.prep_beside, 0);
+  expect_plan(short_one, kH200, KLA_STATE_GRAD_SCAN, 0, KLA_STATE_GRAD_SCAN, 0, 1,
+              "scan, the prep beside it (128 scan blocks on 132 multiprocessors) (requested)");
+  expect_plan(short_one, kH100Pcie, KLA_STATE_GRAD_SCAN, 0, KLA_STATE_GRAD_SCAN, 0, 0,
+              "scan, the prep before it (128 scan blocks on 114");
   PlanProblem wide({0, 8192}, 16, 64);
-  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&wide.bp, &kH200, KLA_STATE_GRAD_SCAN, 0, &plan),
-            KLA_SUCCESS)
-      << message();
-  EXPECT_EQ(plan.prep_beside, 0);
-  // Not an sm_90 device: AUTO takes the scan and says why; CHAIN is refused.
-  ASSERT_EQ(kla_plan_chunk_backward_saved_for(&long_one.bp, &kA100, KLA_STATE_GRAD_AUTO, 0, &plan),
-            KLA_SUCCESS)
-      << message();
-  EXPECT_EQ(plan.state_grad, KLA_STATE_GRAD_SCAN);
-  EXPECT_NE(std::string(plan.reason).find("the chain declined: the chain is sm_90a code"),
-            std::string::npos)
-      << plan.reason;
+  expect_plan(wide, kH200, KLA_STATE_GRAD_SCAN, 0, KLA_STATE_GRAD_SCAN, 0, 0,
+              "scan, the prep before it (256 scan blocks");
+  // Not an sm_90 device: AUTO takes the scan and says why; CHAIN is refused (below).
+  expect_plan(long_one, kA100, KLA_STATE_GRAD_AUTO, 0, KLA_STATE_GRAD_SCAN, 0, 0,
+              "the chain declined: the chain is sm_90a code");
 
   struct Refusal {
     const char* what;
