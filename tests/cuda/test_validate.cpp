@@ -736,7 +736,6 @@ TEST(Validate, SavedStatesEntriesRefuseBadBuffers) {
 }
 #endif
 
-#ifdef KLA_TEST_WITH_CUDA
 /// A saved backward's params (bf16 FAST, K = V = 128, no decay or eta given) of H key heads and HV
 /// value heads over the packed sequences `cu`, its tensors at made-up, disjoint, aligned device
 /// addresses: the planners read the sizes and cu_seqlens_host, never the tensors.
@@ -778,6 +777,7 @@ struct PlanProblem {
 TEST(Validate, SavedBackwardPlan) {
   constexpr kla_device_info kA100{8, 0, 108, 232448, 1};  // an sm_80 device, shared memory ample
   constexpr kla_device_info kH100Pcie{9, 0, 114, 232448, 1};
+  constexpr kla_device_info kNoMultiprocessors{9, 0, 0, 232448, 1};
   kla_backward_plan plan;
   auto message = [] { return std::string(kla_last_error_message()); };
   // The plan of `pp` on `device` for a request: the schedule, segment and prep placement it names,
@@ -853,6 +853,8 @@ TEST(Validate, SavedBackwardPlan) {
        "plan is NULL"},
       {"no device", &long_one, nullptr, KLA_STATE_GRAD_AUTO, 0, false, KLA_ERROR_NULL_POINTER,
        "device is NULL"},
+      {"a device without multiprocessors", &long_one, &kNoMultiprocessors, KLA_STATE_GRAD_AUTO, 0,
+       false, KLA_ERROR_INVALID_VALUE, "device->multiprocessors = 0 is not in [1, 2^20]"},
       {"a call that cannot save", &fp32, &kH200, KLA_STATE_GRAD_AUTO, 0, false,
        KLA_ERROR_UNSUPPORTED_PATH, "cannot use saved states: only bf16 calls save"},
   };
@@ -871,7 +873,6 @@ TEST(Validate, SavedBackwardPlan) {
     EXPECT_EQ(std::memcmp(&plan, &untouched, sizeof plan), 0) << r.what << ": wrote the plan";
   }
 }
-#endif
 
 TEST(Validate, CppWrapper) {
   kla::cuda::Params p;  // defaults: no sizes

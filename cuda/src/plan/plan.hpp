@@ -82,5 +82,9 @@ inline bool scan_saves(const Plan& plan) {
          (plan.path == KLA_PATH_WY && plan.value_slice == layout::kSavedValueSlice);
 }
 DeviceInfo from_c(const kla_device_info& d);
+/// A described device (the _for plan entry points) that a device could be: NULL, a multiprocessor
+/// count outside [1, 2^20], shared memory outside [0, 2^32] or a negative compute capability is
+/// refused (NULL_POINTER / INVALID_VALUE, the message prefixed with `entry` where given).
+kla_status check_device_description(const kla_device_info* device, const char* entry);
 
 }  // namespace kla::plan
