@@ -917,6 +917,80 @@ std::uint32_t pick_bad_stamp(Bytes& r, std::uint32_t good, std::uint32_t older) 
 
 }  // namespace
 
+// ---- the saved backward's plan (kla_plan_chunk_backward_saved_for)
+// ----------------------------------------------------------
+
+// The saved backward's plan of a valid backward b, for a fuzzed request (a kla_state_grad or any
+// int, a segment from the valid ones or any int) on a fuzzed device, against rules written here
+// independently of plan/backward_plan.cpp: a forward that cannot save (kla_saved_states_size 0) is
+// UNSUPPORTED_PATH; then a request outside the enum, a segment other than 0, 8, ..., 128, or a
+// nonzero one without CHAIN is INVALID_VALUE; a device description outside the forward plan's
+// ranges INVALID_VALUE; CHAIN where the device is not 9.0 UNSUPPORTED_PATH. A success names SCAN or
+// CHAIN (never AUTO), CHAIN only on 9.0, the segment asked for or one of the five, SCAN no
+// segment, and a NUL-terminated reason; a refusal leaves the plan untouched.
+void check_backward_plan(const kla_backward_params& b, Bytes& r) {
+  const kla_device_info dev = pick_device(r);
+  std::int32_t request = r.range(0, 3);
+  if (r.u8() % 8 == 7) request = std::int32_t(r.u32());
+  static constexpr std::int32_t kSegments[] = {0, 8, 16, 32, 64, 128};
+  std::int32_t segment = r.flag() ? kSegments[r.u8() % 6] : 0;
+  if (r.u8() % 8 == 7) segment = std::int32_t(r.u32());
+  kla_backward_plan plan, untouched;
+  std::memset(&plan, 0x5A, sizeof plan);
+  std::memset(&untouched, 0x5A, sizeof untouched);
+  const kla_status st = kla_plan_chunk_backward_saved_for(&b, &dev, request, segment, &plan);
+  const std::string msg = kla_last_error_message();
+  const int si = int(st);
+  if (si < KLA_SUCCESS || si > KLA_ERROR_ABI_MISMATCH)
+    die("backward plan: status out of range", b.forward, si);
+  if (st != KLA_SUCCESS && msg.rfind("kla: ", 0) != 0)
+    die("backward plan: unprefixed message", b.forward, si);
+  if (st != KLA_SUCCESS && std::memcmp(&plan, &untouched, sizeof plan) != 0)
+    die("backward plan: a refusal wrote the plan", b.forward, si);
+  bool segment_ok = false;
+  for (std::int32_t x : kSegments) segment_ok = segment_ok || x == segment;
+  const bool can_save = kla_saved_states_size(&b.forward) > 0;
+  const bool device_ok = dev.multiprocessors >= 1 && dev.max_smem_per_block >= 0;
+  const bool sm90 = dev.compute_major == 9 && dev.compute_minor == 0;
+  kla_status want = KLA_SUCCESS;
+  if (!can_save)
+    want = KLA_ERROR_UNSUPPORTED_PATH;
+  else if (request < 0 || request > 2 || !segment_ok || (segment != 0 && request != 2))
+    want = KLA_ERROR_INVALID_VALUE;
+  else if (!device_ok)
+    want = KLA_ERROR_INVALID_VALUE;
+  else if (request == 2 && !sm90)
+    want = KLA_ERROR_UNSUPPORTED_PATH;
+  // The shared memory the kernels need is the plan's own rule (bwd_layout.hpp): a refusal for it
+  // (UNSUPPORTED_PATH naming "shared memory") is accepted wherever success was expected.
+  const bool smem_refusal =
+      st == KLA_ERROR_UNSUPPORTED_PATH && msg.find("shared memory") != std::string::npos;
+  if (st != want && !(want == KLA_SUCCESS && smem_refusal) &&
+      !(want == KLA_ERROR_UNSUPPORTED_PATH && smem_refusal && request == 2)) {
+    std::fprintf(stderr, "fuzz_validate: backward plan expected %s, got %s ('%s')\n",
+                 kla_status_string(want), kla_status_string(st), msg.c_str());
+    die("backward plan: wrong status", b.forward, si);
+  }
+  if (st != KLA_SUCCESS) return;
+  if (plan.state_grad != KLA_STATE_GRAD_SCAN && plan.state_grad != KLA_STATE_GRAD_CHAIN)
+    die("backward plan: neither SCAN nor CHAIN", b.forward, si);
+  if (request == 1 && plan.state_grad != KLA_STATE_GRAD_SCAN)
+    die("backward plan: SCAN asked, not given", b.forward, si);
+  if (request == 2 && plan.state_grad != KLA_STATE_GRAD_CHAIN)
+    die("backward plan: CHAIN asked, not given", b.forward, si);
+  if (plan.state_grad == KLA_STATE_GRAD_CHAIN &&
+      (!sm90 || plan.prep_beside != 0 ||
+       (segment != 0 ? plan.chain_segment != segment
+                     : plan.chain_segment < 8 || plan.chain_segment > 128 ||
+                           (plan.chain_segment & (plan.chain_segment - 1)) != 0)))
+    die("backward plan: a chain that cannot be", b.forward, si);
+  if (plan.state_grad == KLA_STATE_GRAD_SCAN &&
+      (plan.chain_segment != 0 || (plan.prep_beside != 0 && plan.prep_beside != 1)))
+    die("backward plan: a scan with a segment", b.forward, si);
+  if (std::memchr(plan.reason, 0, sizeof plan.reason) == nullptr || plan.reason[0] == 0)
+    die("backward plan: reason not a string", b.forward, si);
+}
+
 // ---- the backward (kla_validate_backward)
 // ----------------------------------------------------------
 
@@ -999,6 +1073,7 @@ void check_backward(const kla_params& p, Bytes& r) {
                  kla_status_string(want), kla_status_string(st), msg.c_str());
     die("backward: wrong status on a valid forward", p, si);
   }
+  if (st == KLA_SUCCESS) check_backward_plan(b, r);
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -716,10 +716,7 @@ TEST(Validate, SavedStatesEntriesRefuseBadBuffers) {
   expect(kla_chunk_backward_saved(&bp, saved.data(), need - 16, nullptr), KLA_ERROR_INVALID_SIZE,
          "kla_saved_states_size");
   // The schedule request is checked before any device query too.
-  kla_state_grad bad_request;
-  const int seven = 7;
-  std::memcpy(&bad_request, &seven, sizeof bad_request);
-  expect(kla_chunk_backward_saved_as(&bp, saved.data(), need, bad_request, 0, nullptr),
+  expect(kla_chunk_backward_saved_as(&bp, saved.data(), need, 7, 0, nullptr),
          KLA_ERROR_INVALID_VALUE, "kla_chunk_backward_saved_as: state_grad = 7 is not");
   expect(kla_chunk_backward_saved_as(&bp, saved.data(), need, KLA_STATE_GRAD_SCAN, 32, nullptr),
          KLA_ERROR_INVALID_VALUE, "chain_segment = 32 needs state_grad CHAIN");
@@ -782,7 +779,7 @@ TEST(Validate, SavedBackwardPlan) {
   auto message = [] { return std::string(kla_last_error_message()); };
   // The plan of `pp` on `device` for a request: the schedule, segment and prep placement it names,
   // and its reason containing `needle`.
-  auto expect_plan = [&](PlanProblem& pp, const kla_device_info& device, kla_state_grad request,
+  auto expect_plan = [&](PlanProblem& pp, const kla_device_info& device, int32_t request,
                          int32_t segment, kla_state_grad state_grad, int32_t chain_segment,
                          int32_t prep_beside, const std::string& needle) {
     ASSERT_EQ(kla_plan_chunk_backward_saved_for(&pp.bp, &device, request, segment, &plan),
@@ -862,9 +859,7 @@ TEST(Validate, SavedBackwardPlan) {
     kla_backward_plan untouched;
     std::memset(&plan, 0x5A, sizeof plan);
     std::memset(&untouched, 0x5A, sizeof untouched);
-    kla_state_grad sg;
-    std::memcpy(&sg, &r.state_grad, sizeof sg);  // any int a C caller passes
-    EXPECT_EQ(kla_plan_chunk_backward_saved_for(&r.problem->bp, r.device, sg, r.segment,
+    EXPECT_EQ(kla_plan_chunk_backward_saved_for(&r.problem->bp, r.device, r.state_grad, r.segment,
                                                 r.null_plan ? nullptr : &plan),
               r.status)
         << r.what << ": " << message();

@@ -400,22 +400,22 @@ typedef struct kla_backward_plan {
   char reason[256];          /* why this schedule; for AUTO choosing SCAN, why CHAIN declined */
 } kla_backward_plan;
 /* The plan of the saved backward for p on the current device (or `device`: no GPU needed), with
- * state_grad and chain_segment (0 = the plan's choice; nonzero needs CHAIN) as requested. A
+ * state_grad (a kla_state_grad value, passed as int32_t so that any int a caller passes is
+ * defined and refused by value) and chain_segment (0 = the plan's choice; nonzero needs CHAIN) as
+ * requested. A
  * request that cannot run is KLA_ERROR_UNSUPPORTED_PATH saying why; a value outside the enum or
  * the segments above, KLA_ERROR_INVALID_VALUE. p is validated as by kla_validate_backward, and
  * p->forward must be a call that can save (kla_saved_states_size nonzero). */
-KLA_API kla_status kla_plan_chunk_backward_saved(const kla_backward_params* p,
-                                                 kla_state_grad state_grad, int32_t chain_segment,
-                                                 kla_backward_plan* plan);
+KLA_API kla_status kla_plan_chunk_backward_saved(const kla_backward_params* p, int32_t state_grad,
+                                                 int32_t chain_segment, kla_backward_plan* plan);
 KLA_API kla_status kla_plan_chunk_backward_saved_for(const kla_backward_params* p,
                                                      const kla_device_info* device,
-                                                     kla_state_grad state_grad,
-                                                     int32_t chain_segment,
+                                                     int32_t state_grad, int32_t chain_segment,
                                                      kla_backward_plan* plan);
 /* kla_chunk_backward_saved on the schedule requested (kla_chunk_backward_saved is this with AUTO
  * and 0); refused, nothing written, where kla_plan_chunk_backward_saved refuses. */
 KLA_API kla_status kla_chunk_backward_saved_as(const kla_backward_params* p, const void* saved,
-                                               size_t saved_size, kla_state_grad state_grad,
+                                               size_t saved_size, int32_t state_grad,
                                                int32_t chain_segment, kla_stream_t stream);
 
 KLA_API const char* kla_status_string(kla_status s);

@@ -113,15 +113,14 @@ extern "C" kla_status kla_chunk_backward_saved(const kla_backward_params* p, con
 }
 
 extern "C" kla_status kla_chunk_backward_saved_as(const kla_backward_params* p, const void* saved,
-                                                  size_t saved_size, kla_state_grad state_grad,
+                                                  size_t saved_size, int32_t state_grad,
                                                   int32_t chain_segment, kla_stream_t stream) {
-  return run_backward(p, true, saved, saved_size, kla::detail::enum_bits(state_grad), chain_segment,
-                      stream, "kla_chunk_backward_saved_as");
+  return run_backward(p, true, saved, saved_size, state_grad, chain_segment, stream,
+                      "kla_chunk_backward_saved_as");
 }
 
 extern "C" kla_status kla_plan_chunk_backward_saved(const kla_backward_params* p,
-                                                    kla_state_grad state_grad,
-                                                    int32_t chain_segment,
+                                                    int32_t state_grad, int32_t chain_segment,
                                                     kla_backward_plan* plan) {
   const char* entry = "kla_plan_chunk_backward_saved";
   if (kla_status s = kla::plan::check_saved_plan_call(p, state_grad, chain_segment, plan, entry))

@@ -103,25 +103,23 @@ kla_status plan_state_grad(const kla_backward_params& p, const DeviceInfo& dev,
   return KLA_SUCCESS;
 }
 
-kla_status check_saved_plan_call(const kla_backward_params* p, kla_state_grad state_grad,
+kla_status check_saved_plan_call(const kla_backward_params* p, int32_t state_grad,
                                  int32_t chain_segment, const kla_backward_plan* plan,
                                  const char* entry) {
   if (kla_status s = kla_validate_backward(p)) return s;
   if (const std::string why = detail::saved_states_refusal(p->forward); !why.empty())
     return fail(KLA_ERROR_UNSUPPORTED_PATH,
                 cat(entry, ": this call cannot use saved states: ", why));
-  if (kla_status s = check_state_grad_request(detail::enum_bits(state_grad), chain_segment, entry))
-    return s;
+  if (kla_status s = check_state_grad_request(state_grad, chain_segment, entry)) return s;
   if (!plan) return fail(KLA_ERROR_NULL_POINTER, cat(entry, ": plan is NULL"));
   return KLA_SUCCESS;
 }
 
 kla_status plan_saved_backward(const kla_backward_params& p, const DeviceInfo& dev,
-                               kla_state_grad state_grad, int32_t chain_segment,
-                               kla_backward_plan* plan, const char* entry) {
+                               int32_t state_grad, int32_t chain_segment, kla_backward_plan* plan,
+                               const char* entry) {
   StateGradPlan sg;
-  if (kla_status s = plan_state_grad(p, dev, this_build(), detail::enum_bits(state_grad),
-                                     chain_segment, sg, entry))
+  if (kla_status s = plan_state_grad(p, dev, this_build(), state_grad, chain_segment, sg, entry))
     return s;
   *plan = kla_backward_plan{};
   plan->state_grad = kla_state_grad(sg.state_grad);
@@ -135,8 +133,7 @@ kla_status plan_saved_backward(const kla_backward_params& p, const DeviceInfo& d
 
 extern "C" kla_status kla_plan_chunk_backward_saved_for(const kla_backward_params* p,
                                                         const kla_device_info* device,
-                                                        kla_state_grad state_grad,
-                                                        int32_t chain_segment,
+                                                        int32_t state_grad, int32_t chain_segment,
                                                         kla_backward_plan* plan) {
   const char* entry = "kla_plan_chunk_backward_saved_for";
   if (kla_status s = kla::plan::check_saved_plan_call(p, state_grad, chain_segment, plan, entry))

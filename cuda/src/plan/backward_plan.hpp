@@ -43,13 +43,13 @@ kla_status plan_state_grad(const kla_backward_params& p, const DeviceInfo& dev,
 
 /// The host checks of a saved backward's plan call (kla_plan_chunk_backward_saved(_for)): the
 /// backward's params, the saving's conditions, the request's values and the plan pointer.
-kla_status check_saved_plan_call(const kla_backward_params* p, kla_state_grad state_grad,
+kla_status check_saved_plan_call(const kla_backward_params* p, int32_t state_grad,
                                  int32_t chain_segment, const kla_backward_plan* plan,
                                  const char* entry);
 
 /// Plans, then writes *plan (untouched on a refusal): both plan entry points' common part.
 kla_status plan_saved_backward(const kla_backward_params& p, const DeviceInfo& dev,
-                               kla_state_grad state_grad, int32_t chain_segment,
-                               kla_backward_plan* plan, const char* entry);
+                               int32_t state_grad, int32_t chain_segment, kla_backward_plan* plan,
+                               const char* entry);
 
 }  // namespace kla::plan
