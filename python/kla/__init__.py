@@ -13,7 +13,8 @@ from . import ops  # noqa: F401  (registers torch.ops.kla.*)
 from . import cp, nn, torch_impl  # noqa: F401  (kla.cp, kla.nn.KLA, kla.torch_impl.chunk_kla)
 from ._lib import KlaError, KlaLibraryError, is_available
 from ._params import ABI_VERSION
-from ._plan import A100, H100, H200, DeviceInfo, Plan, device_info, plan
+from ._plan import (A100, H100, H200, BackwardPlan, DeviceInfo, Plan, backward_plan,
+                    device_info, plan)
 from .api import (chunk_gated_delta_rule, chunk_gdn, chunk_kla, fused_recurrent_gated_delta_rule,
                   fused_recurrent_gdn, fused_recurrent_kla)
 
@@ -22,7 +23,7 @@ __version__ = "0.2.0"
 __all__ = [
     "chunk_kla", "fused_recurrent_kla", "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule", "chunk_gdn", "fused_recurrent_gdn", "plan", "Plan",
-    "DeviceInfo", "H100", "H200", "A100", "device_info", "KlaError", "KlaLibraryError",
+    "backward_plan", "BackwardPlan", "DeviceInfo", "H100", "H200", "A100", "device_info", "KlaError", "KlaLibraryError",
     "is_available", "library_info", "ABI_VERSION", "__version__",
 ]
 

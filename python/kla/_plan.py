@@ -4,8 +4,10 @@ Tensors only lend their shapes, dtypes and strides: CPU or meta tensors plan as 
 ones (addresses are made up where a tensor is not on the GPU). With device=None the plan is for
 the current CUDA device (kla_plan_chunk_forward / kla_plan_tokenwise_forward: needs a GPU); with
 a DeviceInfo (kla.H100, kla.H200, kla.A100 or your own) it is for that device, on any machine
-(kla_plan_chunk_forward_for; chunkwise only).
+(kla_plan_chunk_forward_for; chunkwise only). kla.backward_plan: the same for the backward from
+saved states (which state-gradient schedule it runs, kla_plan_chunk_backward_saved(_for)).
 """
+import ctypes
 import dataclasses
 import itertools
 
@@ -130,3 +132,56 @@ def device_info(index=None):
     i = lib.device_info(index)
     return DeviceInfo((i.compute_major, i.compute_minor), i.multiprocessors,
                       i.max_smem_per_block, bool(i.tensor_maps))
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardPlan:
+    """How the backward from saved states (save_states=True) forms the state gradient
+    (kla_backward_plan; docs/api.md, 'State-gradient schedule')."""
+    state_grad: str      # "scan" or "chain" (never "auto")
+    chain_segment: int   # "chain": chunks a segment; "scan": 0
+    prep_beside: bool    # "scan": its prep runs beside it (its blocks are one wave)
+    reason: str
+
+    @classmethod
+    def _from_c(cls, p):
+        return cls(P.STATE_GRAD_NAMES[p.state_grad], p.chain_segment, bool(p.prep_beside),
+                   p.reason.decode())
+
+
+def backward_plan(q, k, v, g=None, eta=None, *, cu_seqlens=None, initial_state=None,
+                  coefficient="kaczmarz", path="auto", value_slice=0, segments=0,
+                  state_grad="auto", chain_segment=0, device=None):
+    """The BackwardPlan of the backward of a chunk_* call with save_states=True (so
+    arithmetic='fast': bf16, K = V = 128) with these tensors and options, for a state_grad /
+    chain_segment request as chunk_kla takes them (kla_plan_chunk_backward_saved; with a
+    DeviceInfo, kla_plan_chunk_backward_saved_for: any machine). Raises kla.KlaError where the
+    library refuses (a call that cannot save, 'chain' where it cannot run: the reason says why)
+    and ValueError for a request chunk_kla would refuse."""
+    from .api import _schedule
+    lib = _lib.load()
+    _addr = _addresses()
+    sg, seg = _schedule(state_grad, chain_segment, True)
+    coef = _enum({"kaczmarz": P.COEFF_KACZMARZ, "given": P.COEFF_GIVEN}, coefficient,
+                 "coefficient")
+    cu_host = None
+    if cu_seqlens is not None:
+        cu_seqlens, _ = _seqlens(q, cu_seqlens, None)
+        cu_host = cu_seqlens.detach().to("cpu", torch.int32).contiguous()
+    meta = {"device": "meta"}
+    do = torch.empty(v.shape, dtype=v.dtype, **meta)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, **meta) for t in (q, k, v))
+    dg = None if g is None else torch.empty(g.shape, **meta)
+    deta = None if eta is None else torch.empty(eta.shape, **meta)
+    bp = lib.backward_params()
+    P.fill(bp.forward, _addr(q), _addr(k), _addr(v), _addr(do), g=_addr(g), eta=_addr(eta),
+           coefficient=coef, initial_state=_addr(initial_state), cu_seqlens=_addr(cu_host),
+           cu_seqlens_host=cu_host, arithmetic=P.ARITHMETIC_FAST,
+           path=_enum(P.PATHS, path, "path"), value_slice=int(value_slice),
+           segments=int(segments))
+    P.fill_backward(bp, _addr(do), _addr(dq), _addr(dk), _addr(dv), dg=_addr(dg),
+                    deta=_addr(deta))
+    bp.workspace_size = lib.backward_workspace_size(ctypes.byref(bp))
+    bp.workspace = 1 << 62  # an address: the plan only checks it is there and aligned
+    return BackwardPlan._from_c(lib.plan_backward_saved(bp, sg, seg,
+                                                        None if device is None else device._c()))

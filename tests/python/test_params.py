@@ -212,6 +212,43 @@ def test_plan_for_a_described_device(lib):
     assert kla.plan(q, q, v, cu_seqlens=cu, device=kla.H100).workspace_bytes > 0
 
 
+def test_backward_plan_for_a_described_device(saving_lib):
+    """kla.backward_plan (kla_plan_chunk_backward_saved_for): issue 25's rows on an H200 take the
+    chain at the model's segments (128 chunks at 1 x 32768, 32 at 1 x 8192); the scan on request,
+    its prep beside it where its blocks are one wave; 'chain' refused off sm_90 with the reason;
+    chunk_kla's own checks of the request; a call that cannot save refused by the library."""
+    def row(T, HV=32, dtype=torch.bfloat16):
+        q = torch.empty(1, T, 16, 128, dtype=dtype, device="meta")
+        v = torch.empty(1, T, HV, 128, dtype=dtype, device="meta")
+        g = torch.empty(1, T, HV, device="meta")
+        return q, q, v, g, g
+    cu = torch.tensor([0, 32768])
+    p = kla.backward_plan(*row(32768), cu_seqlens=cu, coefficient="given", device=kla.H200)
+    if p.state_grad == "scan":  # a library without the sm_90a image
+        assert "built without sm_90a kernels" in p.reason
+        pytest.skip(f"this library has no sm_90a image: {p.reason}")
+    assert (p.state_grad, p.chain_segment, p.prep_beside) == ("chain", 128, False), p
+    p = kla.backward_plan(*row(8192), device=kla.H200)
+    assert (p.state_grad, p.chain_segment) == ("chain", 32), p
+    p = kla.backward_plan(*row(8192), state_grad="chain", chain_segment=16, device=kla.H200)
+    assert (p.state_grad, p.chain_segment) == ("chain", 16) and "(requested)" in p.reason, p
+    p = kla.backward_plan(*row(8192), state_grad="scan", device=kla.H200)
+    assert (p.state_grad, p.chain_segment, p.prep_beside) == ("scan", 0, True), p
+    assert p.reason.startswith("scan, the prep beside it (128 scan blocks on 132"), p.reason
+    assert not kla.backward_plan(*row(8192, HV=64), state_grad="scan",
+                                 device=kla.H200).prep_beside
+    sm80 = kla.DeviceInfo((8, 0), 108, 232448)
+    p = kla.backward_plan(*row(8192), device=sm80)
+    assert p.state_grad == "scan" and "the chain declined: the chain is sm_90a code" in p.reason
+    with pytest.raises(kla.KlaError, match="state_grad CHAIN cannot run") as e:
+        kla.backward_plan(*row(8192), state_grad="chain", device=sm80)
+    assert e.value.status_name == "KLA_ERROR_UNSUPPORTED_PATH"
+    with pytest.raises(ValueError, match="chain_segment=8 needs state_grad='chain'"):
+        kla.backward_plan(*row(8192), chain_segment=8, device=kla.H200)
+    with pytest.raises(kla.KlaError, match="cannot use saved states: only bf16"):
+        kla.backward_plan(*row(8192, dtype=torch.float16), device=kla.H200)
+
+
 def test_lowlevel_is_what_the_bench_calls(lib):
     """kla.lowlevel keeps the names and signatures bench/side_by_side.py calls."""
     import kla.lowlevel as kc
