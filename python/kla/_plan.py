@@ -86,6 +86,17 @@ def _addresses():
     return addr
 
 
+def _coefficient_and_cu(q, coefficient, cu_seqlens):
+    """The plans' coefficient code and cu_seqlens as an int32 CPU tensor (None: unpacked), checked
+    as the functions check them."""
+    coef = _enum({"kaczmarz": P.COEFF_KACZMARZ, "given": P.COEFF_GIVEN}, coefficient,
+                 "coefficient")
+    if cu_seqlens is None:
+        return coef, None
+    cu_seqlens, _ = _seqlens(q, cu_seqlens, None)
+    return coef, cu_seqlens.detach().to("cpu", torch.int32).contiguous()
+
+
 def plan(q, k, v, g=None, eta=None, *, kind="chunk", cu_seqlens=None, initial_state=None,
          output_final_state=True, coefficient="kaczmarz", arithmetic="accurate", path="auto",
          value_slice=0, segments=0, device=None):
@@ -96,12 +107,7 @@ def plan(q, k, v, g=None, eta=None, *, kind="chunk", cu_seqlens=None, initial_st
     _addr = _addresses()
     if kind not in ("chunk", "recurrent"):
         raise ValueError(f"kla: kind must be 'chunk' or 'recurrent', got {kind!r}")
-    coef = _enum({"kaczmarz": P.COEFF_KACZMARZ, "given": P.COEFF_GIVEN}, coefficient,
-                 "coefficient")
-    cu_host = None
-    if cu_seqlens is not None:
-        cu_seqlens, _ = _seqlens(q, cu_seqlens, None)
-        cu_host = cu_seqlens.detach().to("cpu", torch.int32).contiguous()
+    coef, cu_host = _coefficient_and_cu(q, coefficient, cu_seqlens)
     n = q.shape[0] if cu_host is None else cu_host.shape[0] - 1
     o = torch.empty(v.shape, dtype=v.dtype, device="meta")
     final = torch.empty((n, v.shape[2], q.shape[3], v.shape[3]), device="meta")
@@ -162,12 +168,7 @@ def backward_plan(q, k, v, g=None, eta=None, *, cu_seqlens=None, initial_state=N
     lib = _lib.load()
     _addr = _addresses()
     sg, seg = _schedule(state_grad, chain_segment, True)
-    coef = _enum({"kaczmarz": P.COEFF_KACZMARZ, "given": P.COEFF_GIVEN}, coefficient,
-                 "coefficient")
-    cu_host = None
-    if cu_seqlens is not None:
-        cu_seqlens, _ = _seqlens(q, cu_seqlens, None)
-        cu_host = cu_seqlens.detach().to("cpu", torch.int32).contiguous()
+    coef, cu_host = _coefficient_and_cu(q, coefficient, cu_seqlens)
     meta = {"device": "meta"}
     do = torch.empty(v.shape, dtype=v.dtype, **meta)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, **meta) for t in (q, k, v))

@@ -5,7 +5,8 @@
 # library (out/s46b/base.tar.xz). Session 47 built them at 4aeb26a, whose cuda/ is the landed one.
 # 1. the whole test_cuda_backward, test_cuda_validate, mutant bwd_scan_ready_ignored, memcheck and
 #    racecheck over *SavedBeside* (concurrently); 2. the package's saved-backward GPU tests;
-# 3. A/B of the saved backward: cda2387 (base), land (AUTO: the chain), land with the scan pinned.
+# 3. A/B of the saved backward: cda2387 (base), land (AUTO: the chain), land with the scan pinned;
+# 4. with BENCH=1 (a second call: carry .whl too), bench/bench_backward.py beside FLA 0.6.0.
 set -uo pipefail
 S=out/s47; O=${OUT:-/tmp/o}; mkdir -p $O
 L=$O/log.txt; : > $L
@@ -33,5 +34,11 @@ tail -3 $O/pytest_land.txt | tee -a $L
 say "A/B"
 PYTHONPATH=python timeout 75 python3 bench/ab_backward.py --out $O/ab.json --rounds 1 --reps 10 base=$T/base/libkla_cuda.so.0.2.0 land=$W/libkla_cuda.so.0.2.0 "land-scan=$W/libkla_cuda.so.0.2.0?KLA_AB_STATE_GRAD=scan" > $O/_ab.txt 2>&1
 say "ab rc=$?"; tail -n 8 $O/_ab.txt | tee -a $L
+if [[ ${BENCH:-0} == 1 ]]; then  # the backward beside FLA 0.6.0 at land (about 200 s: FLA's tuning)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kla-page-site .whl/fla/*.whl
+  PYTHONPATH=$PWD/python:/tmp/kla-page-site KLA_CUDA_LIBRARY=$W/libkla_cuda.so.5 timeout 230 \
+    python3 bench/bench_backward.py --no-accuracy --reps 10 --out $O/backward > $O/backward.log 2>&1
+  say "bench rc=$?"
+fi
 cd $O && tar -czf logs.tgz t_land.txt v_land.txt mut_*.txt pytest_land.txt land_*.txt rc.txt _ab.txt 2>/dev/null; cd - >/dev/null
 say done
