@@ -402,10 +402,10 @@ typedef struct kla_backward_plan {
 /* The plan of the saved backward for p on the current device (or `device`: no GPU needed), with
  * state_grad (a kla_state_grad value, passed as int32_t so that any int a caller passes is
  * defined and refused by value) and chain_segment (0 = the plan's choice; nonzero needs CHAIN) as
- * requested. A
- * request that cannot run is KLA_ERROR_UNSUPPORTED_PATH saying why; a value outside the enum or
- * the segments above, KLA_ERROR_INVALID_VALUE. p is validated as by kla_validate_backward, and
- * p->forward must be a call that can save (kla_saved_states_size nonzero). */
+ * requested. A request that cannot run is KLA_ERROR_UNSUPPORTED_PATH saying why; a value outside
+ * the enum or the segments above, KLA_ERROR_INVALID_VALUE. p is validated as by
+ * kla_validate_backward, and p->forward must be a call that can save (kla_saved_states_size
+ * nonzero). */
 KLA_API kla_status kla_plan_chunk_backward_saved(const kla_backward_params* p, int32_t state_grad,
                                                  int32_t chain_segment, kla_backward_plan* plan);
 KLA_API kla_status kla_plan_chunk_backward_saved_for(const kla_backward_params* p,
