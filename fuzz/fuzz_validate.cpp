@@ -208,13 +208,12 @@ std::optional<kla_status> early_status(const kla_params& p) {
 /// K = V = 128 without a state pool whose path request is AUTO or WY with value_slice 0 or 32, or
 /// WY_TRANSPOSED with 0 or 64, and segments 0 or 1; 0 for every other call.
 i128 documented_saved_states_size(const kla_params& p) {
-  const bool can =
-      raw_enum(p.dtype) == 1 && raw_enum(p.arithmetic) == 1 && p.head_dim_k == 128 &&
-      p.head_dim_v == 128 && !p.state_pool &&
-      (((raw_enum(p.path) == 0 || raw_enum(p.path) == 1) &&
-        (p.value_slice == 0 || p.value_slice == 32)) ||
-       (raw_enum(p.path) == 2 && (p.value_slice == 0 || p.value_slice == 64))) &&
-      (p.segments == 0 || p.segments == 1);
+  const bool can = raw_enum(p.dtype) == 1 && raw_enum(p.arithmetic) == 1 && p.head_dim_k == 128 &&
+                   p.head_dim_v == 128 && !p.state_pool &&
+                   (((raw_enum(p.path) == 0 || raw_enum(p.path) == 1) &&
+                     (p.value_slice == 0 || p.value_slice == 32)) ||
+                    (raw_enum(p.path) == 2 && (p.value_slice == 0 || p.value_slice == 64))) &&
+                   (p.segments == 0 || p.segments == 1);
   if (!can) return 0;
   const bool packed = p.cu_seqlens != nullptr;
   const std::int64_t N = packed ? p.num_seqs : p.batch, T = p.seq_len;

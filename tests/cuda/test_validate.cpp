@@ -775,6 +775,7 @@ TEST(Validate, SavedBackwardPlan) {
   constexpr kla_device_info kA100{8, 0, 108, 232448, 1};  // an sm_80 device, shared memory ample
   constexpr kla_device_info kH100Pcie{9, 0, 114, 232448, 1};
   constexpr kla_device_info kNoMultiprocessors{9, 0, 0, 232448, 1};
+  constexpr kla_device_info kSmallSmem{9, 0, 132, 48 * 1024, 1};
   kla_backward_plan plan;
   auto message = [] { return std::string(kla_last_error_message()); };
   // The plan of `pp` on `device` for a request: the schedule, segment and prep placement it names,
@@ -850,6 +851,8 @@ TEST(Validate, SavedBackwardPlan) {
        "plan is NULL"},
       {"no device", &long_one, nullptr, KLA_STATE_GRAD_AUTO, 0, false, KLA_ERROR_NULL_POINTER,
        "device is NULL"},
+      {"too little shared memory", &long_one, &kSmallSmem, KLA_STATE_GRAD_SCAN, 0, false,
+       KLA_ERROR_UNSUPPORTED_PATH, "bytes of shared memory per block at K = 128"},
       {"a device without multiprocessors", &long_one, &kNoMultiprocessors, KLA_STATE_GRAD_AUTO, 0,
        false, KLA_ERROR_INVALID_VALUE, "device->multiprocessors = 0 is not in [1, 2^20]"},
       {"a call that cannot save", &fp32, &kH200, KLA_STATE_GRAD_AUTO, 0, false,

@@ -64,15 +64,8 @@ kla_status check_state_grad_request(int request, int32_t segment, const char* en
 kla_status plan_state_grad(const kla_backward_params& p, const DeviceInfo& dev,
                            const BuildInfo& build, int request, int32_t segment, StateGradPlan& out,
                            const char* entry) {
-  if (const std::string why = backward_smem_refusal(p, true, dev, entry); !why.empty())
-    return fail(KLA_ERROR_UNSUPPORTED_PATH, why);
-  const int64_t N = describe(p.forward).N, HV = p.forward.num_v_heads;
-  constexpr int64_t kChunk = layout::kChunk;
-  std::vector<int64_t> chunks(size_t(N), (p.forward.seq_len + kChunk - 1) / kChunk);
-  if (p.forward.cu_seqlens_host)
-    for (int64_t n = 0; n < N; ++n)
-      chunks[size_t(n)] =
-          (p.forward.cu_seqlens_host[n + 1] - p.forward.cu_seqlens_host[n] + kChunk - 1) / kChunk;
+  const Problem pb = describe(p.forward);
+  const int64_t N = pb.N, HV = p.forward.num_v_heads;
   const std::string chain_why = chain_can_implement(dev, build);
   if (request == KLA_STATE_GRAD_CHAIN && !chain_why.empty())
     return fail(KLA_ERROR_UNSUPPORTED_PATH,
@@ -80,8 +73,17 @@ kla_status plan_state_grad(const kla_backward_params& p, const DeviceInfo& dev,
   out = StateGradPlan{};
   if (request != KLA_STATE_GRAD_SCAN && chain_why.empty()) {
     out.state_grad = KLA_STATE_GRAD_CHAIN;
-    out.chain_seg =
-        segment != 0 ? segment : layout::bwd_chain_segment(chunks.data(), N, HV, dev.sms);
+    out.chain_seg = segment;
+    if (segment == 0) {  // the model's pick, over each sequence's chunks
+      constexpr int64_t kChunk = layout::kChunk;
+      std::vector<int64_t> chunks(size_t(N), (p.forward.seq_len + kChunk - 1) / kChunk);
+      if (p.forward.cu_seqlens_host)
+        for (int64_t n = 0; n < N; ++n)
+          chunks[size_t(n)] =
+              (p.forward.cu_seqlens_host[n + 1] - p.forward.cu_seqlens_host[n] + kChunk - 1) /
+              kChunk;
+      out.chain_seg = layout::bwd_chain_segment(chunks.data(), N, HV, dev.sms);
+    }
     out.reason =
         cat("chain: segments of ", out.chain_seg, " chunks (",
             segment != 0 ? std::string("requested")
@@ -90,9 +92,8 @@ kla_status plan_state_grad(const kla_backward_params& p, const DeviceInfo& dev,
             "), heads without a certified warm-up left to the scan");
     return KLA_SUCCESS;
   }
-  const int64_t max_chunks = *std::max_element(chunks.begin(), chunks.end());
-  out.prep_beside = layout::bwd_saved_prep_beside_scan(true, true, dev.cc_major >= 9, max_chunks, N,
-                                                       HV, p.forward.head_dim_v, dev.sms)
+  out.prep_beside = layout::bwd_saved_prep_beside_scan(true, true, dev.cc_major >= 9, pb.max_chunks,
+                                                       N, HV, p.forward.head_dim_v, dev.sms)
                         ? 1
                         : 0;
   out.reason = cat("scan, the prep ", out.prep_beside ? "beside" : "before", " it (",
@@ -118,6 +119,8 @@ kla_status check_saved_plan_call(const kla_backward_params* p, int32_t state_gra
 kla_status plan_saved_backward(const kla_backward_params& p, const DeviceInfo& dev,
                                int32_t state_grad, int32_t chain_segment, kla_backward_plan* plan,
                                const char* entry) {
+  if (const std::string why = backward_smem_refusal(p, true, dev, entry); !why.empty())
+    return fail(KLA_ERROR_UNSUPPORTED_PATH, why);
   StateGradPlan sg;
   if (kla_status s = plan_state_grad(p, dev, this_build(), state_grad, chain_segment, sg, entry))
     return s;

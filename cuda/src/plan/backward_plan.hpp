@@ -35,8 +35,9 @@ std::string chain_can_implement(const DeviceInfo& dev, const BuildInfo& build);
 kla_status check_state_grad_request(int request, int32_t segment, const char* entry);
 
 /// Plans the saved backward of validated p (whose forward can save) on `dev` for a checked
-/// request (`segment` 0: AUTO's model picks). Refuses, saying why, a device whose shared memory
-/// is too small and a CHAIN that cannot run there (UNSUPPORTED_PATH).
+/// request (`segment` 0: AUTO's model picks), on a device whose shared memory the caller has
+/// checked (backward_smem_refusal). Refuses, saying why, a CHAIN that cannot run there
+/// (UNSUPPORTED_PATH).
 kla_status plan_state_grad(const kla_backward_params& p, const DeviceInfo& dev,
                            const BuildInfo& build, int request, int32_t segment, StateGradPlan& out,
                            const char* entry);
@@ -47,7 +48,8 @@ kla_status check_saved_plan_call(const kla_backward_params* p, int32_t state_gra
                                  int32_t chain_segment, const kla_backward_plan* plan,
                                  const char* entry);
 
-/// Plans, then writes *plan (untouched on a refusal): both plan entry points' common part.
+/// Checks the device's shared memory, plans, then writes *plan (untouched on a refusal): both plan
+/// entry points' common part.
 kla_status plan_saved_backward(const kla_backward_params& p, const DeviceInfo& dev,
                                int32_t state_grad, int32_t chain_segment, kla_backward_plan* plan,
                                const char* entry);
