@@ -17,7 +17,9 @@ dO and d(final state)):
   - the backward alone, replayed from a CUDA graph (bench_backward.graph_times, median of --reps),
     with saved states (save_states=True, the default) or without (--no-saved);
   - each kernel's time in one more backward under torch.profiler (name -> ms, summed by name);
-  - a SHA-1 of the six gradients' bytes, so that a change meant to keep the results shows it did.
+  - a SHA-1 of the six gradients' bytes, so that a change meant to keep the results shows it did;
+  - with saved states, the library's plan for the schedule asked (bench_backward.saved_schedule:
+    the kernels it timed; a library without kla_plan_chunk_backward_saved records why not).
 Writes --out (JSON, after every variant) and prints one progress line a measurement and a table
 at the end.
 """
@@ -31,6 +33,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from backward_targets import saved_schedule_text  # noqa: E402
 
 
 def log(msg):
@@ -40,7 +44,6 @@ def log(msg):
 def child(args):
     """One variant's measurements (this process's library), as JSON on stdout's last line."""
     import torch
-    sys.path.insert(0, HERE)
     import bench_backward as bb
 
     fn = bb.kla_fast_saved_fn if args.saved else bb.kla_fast_fn
@@ -73,6 +76,8 @@ def child(args):
         out[name] = {"bwd_ms": round(t["graph_bwd_ms"], 4),
                      "fwd_bwd_ms": round(t["graph_fwd_bwd_ms"], 4),
                      "kernels_ms": kernels, "grads_sha1": sha.hexdigest()}
+        if args.saved:
+            out[name]["plan"] = bb.saved_schedule(leaves, cu, **schedule)
         del leaves, o, s
         torch.cuda.empty_cache()
     out["device"] = torch.cuda.get_device_name()
@@ -120,8 +125,9 @@ def main():
                 f"{m[k]['bwd_ms']:.3f}" for k in ("1x32768", "8 seqs", "1x8192")) + " ms")
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
-    print("\n| variant | round | bwd ms 1x32768 / 8 seqs / 1x8192 | fwd+bwd ms | grads SHA-1 (first 8) |")
-    print("|---|---|---|---|---|")
+    print("\n| variant | round | bwd ms 1x32768 / 8 seqs / 1x8192 | fwd+bwd ms | grads SHA-1 (first 8) "
+          "| saved backward's schedule |")
+    print("|---|---|---|---|---|---|")
     for run in result["runs"]:
         if "error" in run:
             print(f"| {run['variant']} | {run['round']} | failed | | |")
@@ -130,7 +136,8 @@ def main():
         print(f"| {run['variant']} | {run['round']} | "
               + " / ".join(f"{run[k]['bwd_ms']:.3f}" for k in rows) + " | "
               + " / ".join(f"{run[k]['fwd_bwd_ms']:.3f}" for k in rows) + " | "
-              + " ".join(run[k]["grads_sha1"][:8] for k in rows) + " |")
+              + " ".join(run[k]["grads_sha1"][:8] for k in rows) + " | "
+              + " / ".join(saved_schedule_text(run[k].get("plan")) for k in rows) + " |")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ forward saves nothing but its inputs; its backward recomputes each chunk's state
 workspace (kla_backward_workspace_size, reported). "kla FAST saved" is kla FAST with
 save_states=True: the forward also writes each chunk's incoming state and U in bf16
 (kla_chunk_forward_saving, kla_saved_states_size bytes, reported as saved GiB), and the backward
-reads them instead of running its state scan (kla_chunk_backward_saved).
+reads them instead of running its state scan (kla_chunk_backward_saved); each row records which
+state-gradient schedule that backward ran on this GPU (kla.backward_plan: the chain and its
+segment, or the scan and where its prep runs), which the tables name.
 
 Accuracy (--accuracy, on by default): on a smaller problem, each gradient of kla's and FLA's
 bf16 backward against float64 gradients of the same rounded inputs (kla.torch_impl, autograd in
@@ -50,6 +52,7 @@ import kla
 import kla.torch_impl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from backward_targets import saved_schedule_text  # noqa: E402
 from side_by_side import build_info_beside, device_copy_bps  # noqa: E402 (one definition each)
 
 FLA_NOTE = ("FLA's Hopper guard for Triton 3.4-3.7.0 (issue 640) was bypassed: its backward ran "
@@ -259,6 +262,22 @@ def kla_fast_saved_fn(q, k, v, g, beta, h0, cu, **schedule):
                                       save_states=True, **schedule)
 
 
+def saved_schedule(leaves, cu, **schedule):
+    """What kla FAST saved's backward runs on this GPU for these inputs (kla.backward_plan: the
+    state-gradient schedule, the chain's segment, whether the scan's prep runs beside it, and the
+    library's reason), so that a figure names the kernels it timed; `schedule`: state_grad /
+    chain_segment, as kla_fast_saved_fn takes them. A library without the plan's entry point (one
+    built before it) or one that refuses gives {"error": why} instead: the timing still runs."""
+    q, k, v, g, beta, h0 = leaves
+    try:
+        p = kla.backward_plan(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0,
+                              coefficient="given", **schedule)
+    except Exception as e:  # noqa: BLE001 (recorded, not fatal: the plan only labels the row)
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    return {"state_grad": p.state_grad, "chain_segment": p.chain_segment,
+            "prep_beside": p.prep_beside, "reason": p.reason}
+
+
 def ref_fn(q, k, v, g, beta, h0, cu):
     return kla.torch_impl.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
                                                  output_final_state=True, cu_seqlens=cu,
@@ -328,6 +347,9 @@ def main():
             ctypes.byref(bp)) / 2**30
         bp.forward.arithmetic = kla._params.ARITHMETIC_FAST
         row["kla_saved_GiB"] = kla._lib.load().saved_states_size(ctypes.byref(bp.forward)) / 2**30
+        row["kla_fast_saved_plan"] = saved_schedule(leaves, cu)
+        log(f"{name}: kla FAST saved's schedule: "
+            f"{saved_schedule_text(row['kla_fast_saved_plan'])}")
         graphs = not a.no_graph
         r = run_speed(kla_fn, leaves, cu, do, dht, a.reps, graphs)
         row.update({f"kla_{k}": x for k, x in r.items()})
@@ -403,8 +425,8 @@ def main():
     lines += ["", "kla FAST with saved states (save_states=True) beside kla FAST:", "",
               "| case | kla FAST bwd ms | kla FAST saved bwd ms | graph: kla FAST bwd | "
               "graph: kla FAST saved bwd | graph: kla FAST fwd+bwd | graph: kla FAST saved "
-              "fwd+bwd | saved GiB | kla FAST saved peak GiB |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "fwd+bwd | saved GiB | kla FAST saved peak GiB | saved backward's schedule |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["speed"]:
         lines.append(f"| {r['case']} | {f3(r['kla_fast_bwd_ms'])} | "
                      f"{f3(r.get('kla_fast_saved_bwd_ms'))} | "
@@ -412,7 +434,8 @@ def main():
                      f"{f3(r.get('kla_fast_saved_graph_bwd_ms'))} | "
                      f"{f3(r.get('kla_fast_graph_fwd_bwd_ms'))} | "
                      f"{f3(r.get('kla_fast_saved_graph_fwd_bwd_ms'))} | "
-                     f"{f3(r.get('kla_saved_GiB'))} | {f3(r.get('kla_fast_saved_peak_GiB'))} |")
+                     f"{f3(r.get('kla_saved_GiB'))} | {f3(r.get('kla_fast_saved_peak_GiB'))} | "
+                     f"{saved_schedule_text(r.get('kla_fast_saved_plan'))} |")
     if result["accuracy"]:
         lines += ["", "Relative RMS against float64 gradients (bf16 inputs, 2 packed sequences "
                   "of 700 + 324 tokens, H 4 / HV 8, K = V = 128, qk l2-norm in the kernel):", "",

@@ -17,7 +17,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_targets import ISSUE25, backward_floor_bytes  # noqa: E402
+from backward_targets import ISSUE25, backward_floor_bytes, saved_schedule_text  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMAND = "bash bench/run_side_by_side.sh"
@@ -315,10 +315,16 @@ def render_backward(w, bwd, docs, note):
           "docs/accuracy.md, 'Backward', has its errors beside FLA's).")
         w("")
     if saved:
+        plans = [(r["case"], r["kla_fast_saved_plan"]) for r in speed
+                 if "kla_fast_saved_plan" in r]
         w("kla FAST saved: kla FAST with `save_states=True`, the case FlashQLA's figures are "
           "(the backward given what the forward saved): the forward also writes each chunk's "
           "incoming state and U in bf16 (saved GiB, `kla_saved_states_size`) and the backward "
-          "reads them instead of running its state scan (`kla_chunk_backward_saved`).")
+          "reads them instead of running its state scan (`kla_chunk_backward_saved`)."
+          + (" Its state-gradient schedule on this GPU, as the run recorded it "
+             "(`kla.backward_plan`; docs/api.md, 'State-gradient schedule'): " + "; ".join(
+                 f"{case}: {saved_schedule_text(p)}" for case, p in plans) + "."
+             if plans else ""))
         w("")
     # (heading, key) of the libraries' columns, kla's variants where the run has them
     libs = [("kla", "kla_")] + ([("kla FAST", "kla_fast_")] if fast else []) + (

@@ -1,6 +1,7 @@
 """bench/bench_backward.py's saving on the CPU: the JSON it writes after every row is whole and
 replaces the previous one (no temporary file left), so a run a time limit stops keeps the rows it
-finished, marked incomplete; make_performance_md.py says so under the backward table. The
+finished, marked incomplete; make_performance_md.py says so under the backward table; the saved
+backward's schedule each row records (kla.backward_plan) is named, or why it is not known. The
 benchmark itself needs a GPU (docs/performance.md, 'How to reproduce')."""
 import json
 import os
@@ -184,3 +185,54 @@ def test_the_plot_draws_the_saved_backward_where_the_run_timed_it(tmp_path):
                       ("kla FAST saved (new)", {"1x8192": 1.3}),
                       ("kla ACCURATE (old)", {"1x8192": 5.0}), ("kla FAST (old)", {"1x8192": 2.5}),
                       ("FLA (new)", {"1x8192": 1.7}), ("FLA (old)", {"1x8192": 2.4})]
+
+
+def test_the_saved_backward_schedule_in_words():
+    """backward_targets.saved_schedule_text: each plan bench_backward.py records (kla.backward_plan's
+    fields) in the words the tables print, and a plan that could not be asked says why."""
+    bt = _load("backward_targets")
+    words = bt.saved_schedule_text
+    assert words({"state_grad": "chain", "chain_segment": 128, "prep_beside": False,
+                  "reason": "x"}) == "chain, segments of 128 chunks"
+    assert words({"state_grad": "scan", "chain_segment": 0, "prep_beside": True,
+                  "reason": "x"}) == "scan, its prep beside it"
+    assert words({"state_grad": "scan", "chain_segment": 0, "prep_beside": False,
+                  "reason": "x"}) == "scan, its prep before it"
+    assert words({"error": "KlaLibraryError: no entry"}) == "not known (KlaLibraryError: no entry)"
+    assert words(None) == "not recorded"
+
+
+def test_the_page_names_the_saved_backward_schedule_where_the_run_recorded_it(tmp_path):
+    md = _load("make_performance_md")
+    row = {"case": "1x8192", "lengths": [8192], "kla_bwd_ms": 5.0, "kla_fwd_bwd_ms": 6.0,
+           "kla_fast_bwd_ms": 3.8, "kla_fast_fwd_bwd_ms": 4.4, "kla_fast_saved_bwd_ms": 3.0,
+           "kla_fast_saved_fwd_bwd_ms": 4.0, "kla_workspace_GiB": 1.6, "kla_peak_GiB": 1.8}
+    bwd = {"device": "test", "torch": "x", "fla": None, "accuracy": [], "complete": True}
+    planned = dict(row, kla_fast_saved_plan={"state_grad": "chain", "chain_segment": 32,
+                                             "prep_beside": False, "reason": "r"})
+    out = []
+    md.render_backward(out.append, dict(bwd, speed=[planned]), str(tmp_path), "")
+    assert "schedule on this GPU" in "\n".join(out)
+    assert "1x8192: chain, segments of 32 chunks." in "\n".join(out)
+    out = []
+    md.render_backward(out.append, dict(bwd, speed=[row]), str(tmp_path), "")
+    assert "schedule on this GPU" not in "\n".join(out)
+
+
+def test_a_plan_the_library_cannot_give_is_recorded_not_raised(saving_lib):
+    """bench_backward.saved_schedule: where the library refuses the plan (here a CPU machine: no
+    device to plan for; elsewhere a library built before the plan's entry point) the row records
+    why, and the timing goes on."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the plan is given there (the benchmark's rows record it)")
+    bb = _load("bench_backward")
+    T, H, HV, D = 128, 2, 4, 128
+    leaves = [torch.zeros(1, T, H, D, dtype=torch.bfloat16),
+              torch.zeros(1, T, H, D, dtype=torch.bfloat16),
+              torch.zeros(1, T, HV, D, dtype=torch.bfloat16), torch.zeros(1, T, HV),
+              torch.zeros(1, T, HV), torch.zeros(1, HV, D, D)]
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    plan = bb.saved_schedule(leaves, cu)
+    assert set(plan) == {"error"} and plan["error"], plan
+    assert bb.saved_schedule_text(plan).startswith("not known (")
