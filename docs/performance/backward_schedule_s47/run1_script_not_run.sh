@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Session 47, not run (none of 22 asks got a machine); for the next session. land = a build of the
-# commit under test (tools/gpu_suite.sh stage; pack build-gpu/dist's libkla_cuda.so*, test_cuda_backward,
-# test_cuda_validate, BUILD_INFO.json and mutants/ as land/ in out/s47/land.tar.xz); base = cda2387's
-# library (out/s46b/base.tar.xz). Session 47 built them at 4aeb26a, whose cuda/ is the landed one.
+# Sessions 47 and 48, not run (no ask of either session got a machine); for the next session. land = a
+# build of the commit under test (tools/gpu_suite.sh stage; pack build-gpu/dist's libkla_cuda.so*,
+# test_cuda_backward, test_cuda_validate, BUILD_INFO.json and mutants/ as land/ in
+# out/s47/land.tar.xz); base = cda2387's library (out/s46b/base.tar.xz). Session 48 built land at
+# 29fc4ff, whose cuda/ is the landed one (d6d3845 changed bench/ and tests/python/ only).
 # 1. the whole test_cuda_backward, test_cuda_validate, mutant bwd_scan_ready_ignored, memcheck and
 #    racecheck over *SavedBeside* (concurrently); 2. the package's saved-backward GPU tests;
-# 3. A/B of the saved backward: cda2387 (base), land (AUTO: the chain), land with the scan pinned;
+# 3. A/B of the saved backward: cda2387 (base), land (AUTO: the chain), land with the scan pinned
+#    (each run's plan recorded: bench_backward.saved_schedule);
 # 4. with BENCH=1 (a second call: carry .whl too), bench/bench_backward.py beside FLA 0.6.0.
 set -uo pipefail
 S=out/s47; O=${OUT:-/tmp/o}; mkdir -p $O
