@@ -125,8 +125,8 @@ def main():
                 f"{m[k]['bwd_ms']:.3f}" for k in ("1x32768", "8 seqs", "1x8192")) + " ms")
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
-    print("\n| variant | round | bwd ms 1x32768 / 8 seqs / 1x8192 | fwd+bwd ms | grads SHA-1 (first 8) "
-          "| saved backward's schedule |")
+    print("\n| variant | round | bwd ms 1x32768 / 8 seqs / 1x8192 | fwd+bwd ms "
+          "| grads SHA-1 (first 8) | saved backward's schedule |")
     print("|---|---|---|---|---|---|")
     for run in result["runs"]:
         if "error" in run:

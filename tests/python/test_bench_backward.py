@@ -188,8 +188,9 @@ def test_the_plot_draws_the_saved_backward_where_the_run_timed_it(tmp_path):
 
 
 def test_the_saved_backward_schedule_in_words():
-    """backward_targets.saved_schedule_text: each plan bench_backward.py records (kla.backward_plan's
-    fields) in the words the tables print, and a plan that could not be asked says why."""
+    """backward_targets.saved_schedule_text: each plan bench_backward.py records (the fields of
+    kla.backward_plan) in the words the tables print, and a plan that could not be asked says
+    why."""
     bt = _load("backward_targets")
     words = bt.saved_schedule_text
     assert words({"state_grad": "chain", "chain_segment": 128, "prep_beside": False,
