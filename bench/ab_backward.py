@@ -130,7 +130,7 @@ def main():
     print("|---|---|---|---|---|---|")
     for run in result["runs"]:
         if "error" in run:
-            print(f"| {run['variant']} | {run['round']} | failed | | |")
+            print(f"| {run['variant']} | {run['round']} | failed | | | |")
             continue
         rows = ("1x32768", "8 seqs", "1x8192")
         print(f"| {run['variant']} | {run['round']} | "
