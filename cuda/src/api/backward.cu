@@ -52,7 +52,7 @@ kla::kernels::BwdParams translate_backward(const kla_backward_params& p,
   b.rec_floats = kla::layout::BwdRecord(p.forward.head_dim_k, p.forward.head_dim_v).floats;
   b.group = int(p.forward.num_v_heads / p.forward.num_heads);
   b.fast = p.forward.arithmetic == KLA_ARITHMETIC_FAST ? 1 : 0;
-  b.programmatic = dev.cc_major >= 9 ? 1 : 0;
+  b.programmatic = kla::plan::backward_programmatic(dev) ? 1 : 0;
   b.grads_chunks = kla::layout::bwd_block_chunks(pb.max_chunks, p.forward.num_heads, pb.N, dev.sms);
   b.sms = dev.sms;
   return b;

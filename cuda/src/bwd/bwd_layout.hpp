@@ -305,11 +305,15 @@ static_assert(kBwdPrepBf16Blocks[0] * (bwd_prep_bf16_smem(false) + kSm90SmemRese
 /// (several waves of scan blocks: a wave would wait for the prep of its sequences at one block a
 /// multiprocessor) the prep runs before the scan, as a grid of its own.
 /// (max_chunks: of the longest sequence; the items, max_chunks N HV, are counted in int.)
+/// The bf16 state-gradient scan's blocks: one a (sequence, value head, kBwdBf16Slice columns).
+constexpr int64_t bwd_bf16_scan_blocks(int64_t N, int64_t HV, int64_t V) {
+  return N * HV * (V / kBwdBf16Slice);
+}
 constexpr bool bwd_saved_prep_beside_scan(bool saved, bool bf16_grads, bool programmatic,
                                           int64_t max_chunks, int64_t N, int64_t HV, int64_t V,
                                           int64_t sms) {
   return saved && bf16_grads && programmatic && sms > 0 && max_chunks > 0 &&
-         N * HV * (V / kBwdBf16Slice) <= sms && max_chunks * N * HV <= (int64_t(1) << 30);
+         bwd_bf16_scan_blocks(N, HV, V) <= sms && max_chunks * N * HV <= (int64_t(1) << 30);
 }
 /// Items (chunk steps x sequences x value heads) that every block of the prep beside the scan
 /// works on before all but one a multiprocessor leave: kBwdBesideFirstPermille of them. The

@@ -92,12 +92,14 @@ kla_status plan_state_grad(const kla_backward_params& p, const DeviceInfo& dev,
             "), heads without a certified warm-up left to the scan");
     return KLA_SUCCESS;
   }
-  out.prep_beside = layout::bwd_saved_prep_beside_scan(true, true, dev.cc_major >= 9, pb.max_chunks,
-                                                       N, HV, p.forward.head_dim_v, dev.sms)
-                        ? 1
-                        : 0;
+  // saved states run the bf16 kernels (p's forward can save: saved_states_refusal)
+  out.prep_beside =
+      layout::bwd_saved_prep_beside_scan(true, true, backward_programmatic(dev), pb.max_chunks, N,
+                                         HV, p.forward.head_dim_v, dev.sms)
+          ? 1
+          : 0;
   out.reason = cat("scan, the prep ", out.prep_beside ? "beside" : "before", " it (",
-                   N * HV * (p.forward.head_dim_v / layout::kBwdBf16Slice), " scan blocks on ",
+                   layout::bwd_bf16_scan_blocks(N, HV, p.forward.head_dim_v), " scan blocks on ",
                    dev.sms, " multiprocessors)",
                    request == KLA_STATE_GRAD_SCAN ? " (requested)" : "; the chain declined: ",
                    request == KLA_STATE_GRAD_SCAN ? "" : chain_why);

@@ -20,6 +20,12 @@ struct StateGradPlan {
   std::string reason;
 };
 
+/// Whether the backward's kernels on `dev` launch programmatically (griddepcontrol: 9.0 and
+/// later), which the prep beside the scan needs (BwdParams::programmatic).
+inline bool backward_programmatic(const DeviceInfo& dev) {
+  return dev.cc_major >= 9;
+}
+
 /// Why a block of the backward's largest kernel does not fit `dev`'s shared memory ("" where it
 /// does), the message prefixed with `entry`.
 std::string backward_smem_refusal(const kla_backward_params& p, bool use_saved,

@@ -37,9 +37,8 @@ extern "C" {
 kla_status kla_plan_chunk_forward_for(const kla_params* p, const kla_device_info* device,
                                       kla_plan* plan) {
   if (kla_status s = kla_validate(p)) return s;
-  if (!device) return kla::detail::fail(KLA_ERROR_NULL_POINTER, "device is NULL");
-  if (!plan) return kla::detail::fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
   if (kla_status s = kla::plan::check_device_description(device, nullptr)) return s;
+  if (!plan) return kla::detail::fail(KLA_ERROR_NULL_POINTER, "plan is NULL");
   kla::plan::Plan out;
   if (kla_status s =
           kla::plan::plan_chunk(*p, kla::plan::from_c(*device), kla::plan::this_build(), out))
