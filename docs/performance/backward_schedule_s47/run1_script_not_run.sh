@@ -3,7 +3,7 @@
 # build of the commit under test (tools/gpu_suite.sh stage; pack build-gpu/dist's libkla_cuda.so*,
 # test_cuda_backward, test_cuda_validate, BUILD_INFO.json and mutants/ as land/ in
 # out/s47/land.tar.xz); base = cda2387's library (out/s46b/base.tar.xz). Session 48 built land at
-# 29fc4ff, whose cuda/ is the landed one (d6d3845 changed bench/ and tests/python/ only).
+# b3e65a2 (host code of the plan moved; every kernel 29fc4ff's: sass_compare_29fc4ff_b3e65a2.txt).
 # 1. the whole test_cuda_backward, test_cuda_validate, mutant bwd_scan_ready_ignored, memcheck and
 #    racecheck over *SavedBeside* (concurrently); 2. the package's saved-backward GPU tests;
 # 3. A/B of the saved backward: cda2387 (base), land (AUTO: the chain), land with the scan pinned
